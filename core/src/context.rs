@@ -1,0 +1,180 @@
+//! Per-thread and per-process state of one backend: the current device, the current stream of
+//! each device, the pool's arena cache, the allocator in use and the default pools.
+//!
+//! `thread_local!` and `static` items cannot be generic, so each backend declares its own with
+//! [`backend_statics!`](crate::backend_statics) and hands them to the typed layer through
+//! [`Backend::thread_state`] and [`Backend::globals`]. Two backends in one process therefore never
+//! share a current stream or a pool.
+
+use std::cell::{Cell, RefCell};
+use std::marker::PhantomData;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::RwLock;
+
+use crate::allocator::Allocator;
+use crate::backend::{Backend, DeviceId};
+use crate::pinned::{EventWatcher, PinnedMemoryPool};
+use crate::pool::{ArenaCache, ArenaKey, MemoryPool};
+use crate::stream::Stream;
+
+/// A marker that keeps a guard on the thread that made it (`!Send`, `!Sync`).
+pub(crate) type ThreadBound<B> = PhantomData<(*const (), fn() -> B)>;
+
+/// Declares a backend's thread-local and global state and implements [`Backend::thread_state`]
+/// and [`Backend::globals`] with them. Use it inside the backend's `impl Backend for X` block:
+///
+/// ```ignore
+/// impl Backend for MyBackend {
+///     gpumem_core::backend_statics!(MyBackend);
+///     // ...
+/// }
+/// ```
+#[macro_export]
+macro_rules! backend_statics {
+    ($backend:ty) => {
+        fn thread_state() -> &'static ::std::thread::LocalKey<$crate::ThreadState<$backend>> {
+            ::std::thread_local! {
+                static STATE: $crate::ThreadState<$backend> = $crate::ThreadState::new();
+            }
+            &STATE
+        }
+
+        fn globals() -> &'static $crate::Globals<$backend> {
+            static GLOBALS: ::std::sync::OnceLock<$crate::Globals<$backend>> = ::std::sync::OnceLock::new();
+            GLOBALS.get_or_init($crate::Globals::new)
+        }
+    };
+}
+
+/// One thread's state for backend `B`. Created by [`backend_statics!`](crate::backend_statics);
+/// its contents are private to the typed layer.
+pub struct ThreadState<B: Backend> {
+    /// gpumem's current device for this thread.
+    pub(crate) device: Cell<DeviceId>,
+    /// The current stream of each device; `None` is the default stream.
+    pub(crate) streams: RefCell<Vec<Option<Stream<B>>>>,
+    /// The arena key of the current device's current stream: what the pool's hot path reads.
+    pub(crate) arena_key: Cell<ArenaKey>,
+    /// The pool's per-thread cache of arenas.
+    pub(crate) arenas: ArenaCache<B>,
+    /// The allocators of the `using_allocator` scopes entered on this thread, innermost last.
+    pub(crate) allocators: RefCell<Vec<Arc<dyn Allocator<B>>>>,
+}
+
+impl<B: Backend> ThreadState<B> {
+    /// A fresh thread's state: device 0, every device on its default stream.
+    #[must_use]
+    pub fn new() -> Self {
+        ThreadState {
+            device: Cell::new(0),
+            streams: RefCell::new(Vec::new()),
+            arena_key: Cell::new(default_arena_key()),
+            arenas: ArenaCache::new(),
+            allocators: RefCell::new(Vec::new()),
+        }
+    }
+
+    /// The current stream of `dev`, if one was set (`None`: the default stream).
+    pub(crate) fn stream_of(&self, dev: DeviceId) -> Option<Stream<B>> {
+        let streams = self.streams.borrow();
+        usize::try_from(dev).ok().and_then(|i| streams.get(i).cloned().flatten())
+    }
+
+    /// Makes `stream` (`None`: the default) current for `dev` and returns what was current.
+    pub(crate) fn replace_stream(&self, dev: DeviceId, stream: Option<Stream<B>>) -> Option<Stream<B>> {
+        let Ok(i) = usize::try_from(dev) else {
+            return None;
+        };
+        let old = {
+            let mut streams = self.streams.borrow_mut();
+            if streams.len() <= i {
+                streams.resize_with(i + 1, || None);
+            }
+            std::mem::replace(&mut streams[i], stream)
+        };
+        if dev == self.device.get() {
+            self.refresh_arena_key();
+        }
+        old
+    }
+
+    /// Recomputes the cached arena key after the device or its stream changed.
+    pub(crate) fn refresh_arena_key(&self) {
+        let key = match self.stream_of(self.device.get()) {
+            Some(s) => s.arena_key(),
+            None => default_arena_key(),
+        };
+        self.arena_key.set(key);
+    }
+}
+
+impl<B: Backend> Default for ThreadState<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Process-wide state for backend `B`. Created by [`backend_statics!`](crate::backend_statics).
+pub struct Globals<B: Backend> {
+    /// The allocator `alloc` uses when no `using_allocator` scope is active.
+    pub(crate) allocator: RwLock<Option<Arc<dyn Allocator<B>>>>,
+    /// The default device memory pool (`get_default_memory_pool`).
+    pub(crate) memory_pool: OnceLock<Arc<MemoryPool<B>>>,
+    /// The default pinned memory pool (`get_default_pinned_memory_pool`).
+    pub(crate) pinned_pool: OnceLock<Arc<PinnedMemoryPool<B>>>,
+    /// Keeps pinned buffers alive until the asynchronous transfers that use them are done.
+    pub(crate) watcher: EventWatcher<B>,
+    /// Number of devices, read once.
+    pub(crate) device_count: OnceLock<usize>,
+    /// Panics caught in callbacks, by stream raw value, until that stream's next `synchronize`.
+    pub(crate) panics: parking_lot::Mutex<Vec<(usize, String)>>,
+}
+
+impl<B: Backend> Globals<B> {
+    /// Empty state; everything is created on first use.
+    #[must_use]
+    pub fn new() -> Self {
+        Globals {
+            allocator: RwLock::new(None),
+            memory_pool: OnceLock::new(),
+            pinned_pool: OnceLock::new(),
+            watcher: EventWatcher::new(),
+            device_count: OnceLock::new(),
+            panics: parking_lot::Mutex::new(Vec::new()),
+        }
+    }
+}
+
+impl<B: Backend> Default for Globals<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// Whether the per-thread default stream is the default stream (`GPUMEM_PER_THREAD_DEFAULT_STREAM=1`,
+/// CuPy's `CUPY_CUDA_PER_THREAD_DEFAULT_STREAM`), read once per process.
+pub(crate) fn per_thread_default_stream() -> bool {
+    static PTDS: OnceLock<bool> = OnceLock::new();
+    *PTDS.get_or_init(|| std::env::var("GPUMEM_PER_THREAD_DEFAULT_STREAM").is_ok_and(|v| v.trim() == "1"))
+}
+
+/// The arena key of the default stream: the null stream's 0, or this thread's per-thread key.
+fn default_arena_key() -> ArenaKey {
+    if per_thread_default_stream() {
+        per_thread_arena_key()
+    } else {
+        ArenaKey::NULL
+    }
+}
+
+/// The arena key of the calling thread's per-thread default stream: each host thread gets its own
+/// arena (CuPy's fix for PTDS, #5069), keyed by a process-unique thread number.
+pub(crate) fn per_thread_arena_key() -> ArenaKey {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static KEY: ArenaKey = ArenaKey::per_thread(NEXT.fetch_add(1, Ordering::Relaxed));
+    }
+    KEY.with(|k| *k)
+}

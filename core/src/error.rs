@@ -1,0 +1,245 @@
+//! gpumem's one error type.
+//!
+//! The variants separate what a caller can act on: memory that ran out (retry smaller, free
+//! caches), a runtime that is missing (fall back to another backend), bad input (a bug at the call
+//! site), an operation refused while a stream captures, an operation this backend cannot do, and
+//! everything the runtime itself reported.
+
+use std::fmt;
+
+/// The result type of every fallible gpumem operation.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// The error a hook returns to stop an operation.
+pub type HookError = Box<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Everything that can go wrong in gpumem.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An allocation could not be served: the device (or the pool, after releasing its cached
+    /// blocks and retrying) ran out of memory. The message is CuPy's `OutOfMemoryError` text.
+    #[error("{}", out_of_memory_message(*.size, *.total, 0))]
+    OutOfMemory {
+        /// The size asked for (rounded to the pool's unit on the pool's path).
+        size: usize,
+        /// Bytes held from the device so far, where known.
+        total: Option<usize>,
+    },
+
+    /// An allocation would take the pool past its limit, even after releasing cached blocks.
+    /// The message is CuPy's `OutOfMemoryError` text for a set limit.
+    #[error("{}", out_of_memory_message(*.size, Some(*.total), *.limit))]
+    LimitExceeded {
+        /// The rounded size asked for.
+        size: usize,
+        /// Bytes the pool held from the device when it gave up.
+        total: usize,
+        /// The pool's limit in bytes.
+        limit: usize,
+    },
+
+    /// The runtime library (libcuda, libamdhip64) could not be loaded.
+    #[error("{backend} runtime library not found: {detail}")]
+    DriverNotFound {
+        /// The backend's name.
+        backend: &'static str,
+        /// What was tried, or the loader's message.
+        detail: String,
+    },
+
+    /// The runtime is present but reports no usable device.
+    #[error("no {backend} device is available")]
+    NoDevice {
+        /// The backend's name.
+        backend: &'static str,
+    },
+
+    /// A copy, memset or offset reaches outside the memory it names. Nothing was done.
+    #[error("out of bounds: {operation} of {len} bytes at offset {offset} of a {size}-byte allocation")]
+    OutOfBounds {
+        /// What was refused (`"memset"`, `"copy_from_device source"`, ...).
+        operation: &'static str,
+        /// The pointer's offset from the start of its memory (may be negative).
+        offset: isize,
+        /// The number of bytes the operation would touch.
+        len: usize,
+        /// The size of the memory.
+        size: usize,
+    },
+
+    /// An argument is not valid (flag combination, device id, size, handle). Nothing was done.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+
+    /// The operation is not allowed while the stream captures (synchronous transfers, host
+    /// transfers). The message is CuPy's.
+    #[error("{0}")]
+    NotAllowedWhileCapturing(&'static str),
+
+    /// A stream was capturing, but an error invalidated the capture sequence.
+    #[error("the stream was capturing, but an error has invalidated the capture sequence")]
+    CaptureInvalidated,
+
+    /// The operation is not supported on this backend (stream capture on HIP, for instance).
+    #[error("{operation} is not supported on the {backend} backend")]
+    Unsupported {
+        /// The operation.
+        operation: &'static str,
+        /// The backend's name.
+        backend: &'static str,
+    },
+
+    /// A stream was used on a device other than the one it was created on.
+    #[error(
+        "The device that the stream is created on ({stream_device}) does not match with the current device ({current_device})"
+    )]
+    StreamDeviceMismatch {
+        /// The stream's device.
+        stream_device: i32,
+        /// The current device.
+        current_device: i32,
+    },
+
+    /// A memory hook returned an error. The operation was undone (an allocation's memory went
+    /// back to the pool), or, for a post-hook, had already completed.
+    #[error("memory hook {hook} failed in {phase}: {source}")]
+    Hook {
+        /// The hook's name.
+        hook: String,
+        /// The callback (`"malloc_preprocess"`, ...).
+        phase: &'static str,
+        /// What the hook said.
+        #[source]
+        source: HookError,
+    },
+
+    /// A callback or host function queued on a stream panicked. The panic was caught on the
+    /// runtime's thread; it is reported here, at the stream's next `synchronize`.
+    #[error("a host callback on this stream panicked: {0}")]
+    CallbackPanicked(String),
+
+    /// A memory hook with this name is already registered on this thread.
+    #[error("memory hook {0} already exists")]
+    HookAlreadyRegistered(String),
+
+    /// The allocator cannot be changed inside a `using_allocator` scope (CuPy's message).
+    #[error("Can't change the global allocator inside `using_allocator` context manager")]
+    AllocatorInUse,
+
+    /// The runtime reported an error.
+    #[error("{api} failed: {name} ({code}): {message}")]
+    Backend {
+        /// The backend's name.
+        backend: &'static str,
+        /// The runtime function that failed.
+        api: &'static str,
+        /// The runtime's numeric code.
+        code: i64,
+        /// The runtime's name for the code (`CUDA_ERROR_INVALID_VALUE`, `hipErrorInvalidValue`).
+        name: String,
+        /// The runtime's description of the code.
+        message: String,
+    },
+}
+
+impl Error {
+    /// Whether this is an out-of-memory condition (raw or against the pool's limit): the kinds a
+    /// caller handles by freeing memory and retrying.
+    #[must_use]
+    pub fn is_out_of_memory(&self) -> bool {
+        matches!(self, Error::OutOfMemory { .. } | Error::LimitExceeded { .. })
+    }
+
+    /// A `Backend` error.
+    pub fn backend(
+        backend: &'static str,
+        api: &'static str,
+        code: i64,
+        name: impl Into<String>,
+        message: impl Into<String>,
+    ) -> Self {
+        Error::Backend { backend, api, code, name: name.into(), message: message.into() }
+    }
+
+    /// The numeric runtime code, for `Backend` errors.
+    #[must_use]
+    pub fn code(&self) -> Option<i64> {
+        match self {
+            Error::Backend { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+/// CuPy's `OutOfMemoryError` message: `{:,}` thousands separators, and the trailing period only
+/// where CuPy puts one.
+fn out_of_memory_message(size: usize, total: Option<usize>, limit: usize) -> String {
+    match (total, limit) {
+        (None, _) => format!("Out of memory allocating {} bytes", Thousands(size)),
+        (Some(total), 0) => format!(
+            "Out of memory allocating {} bytes (allocated so far: {} bytes).",
+            Thousands(size),
+            Thousands(total)
+        ),
+        (Some(total), limit) => format!(
+            "Out of memory allocating {} bytes (allocated so far: {} bytes, limit set to: {} bytes).",
+            Thousands(size),
+            Thousands(total),
+            Thousands(limit)
+        ),
+    }
+}
+
+/// Formats an integer with `,` between groups of three digits, as Python's `{:,}`.
+pub(crate) struct Thousands(pub usize);
+
+impl fmt::Display for Thousands {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let digits = self.0.to_string();
+        let mut out = String::with_capacity(digits.len() + digits.len() / 3);
+        for (i, c) in digits.chars().enumerate() {
+            if i != 0 && (digits.len() - i) % 3 == 0 {
+                out.push(',');
+            }
+            out.push(c);
+        }
+        f.write_str(&out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn thousands_separators_match_python() {
+        for (n, s) in [
+            (0, "0"),
+            (7, "7"),
+            (512, "512"),
+            (1000, "1,000"),
+            (65536, "65,536"),
+            (805_306_368, "805,306,368"),
+            (1_073_741_824, "1,073,741,824"),
+            (100_000, "100,000"),
+            (usize::MAX, "18,446,744,073,709,551,615"),
+        ] {
+            assert_eq!(Thousands(n).to_string(), s, "{n}");
+        }
+    }
+
+    #[test]
+    fn out_of_memory_messages_match_cupy() {
+        let limited = Error::LimitExceeded { size: 805_306_368, total: 536_870_912, limit: 1_073_741_824 };
+        assert_eq!(
+            limited.to_string(),
+            "Out of memory allocating 805,306,368 bytes (allocated so far: 536,870,912 bytes, limit set to: 1,073,741,824 bytes)."
+        );
+        let raw = Error::OutOfMemory { size: 1024, total: Some(2048) };
+        assert_eq!(raw.to_string(), "Out of memory allocating 1,024 bytes (allocated so far: 2,048 bytes).");
+        let unknown = Error::OutOfMemory { size: 1024, total: None };
+        assert_eq!(unknown.to_string(), "Out of memory allocating 1,024 bytes");
+        assert!(limited.is_out_of_memory() && raw.is_out_of_memory());
+    }
+}

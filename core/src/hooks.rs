@@ -1,0 +1,253 @@
+//! Memory hooks: user callbacks around the pool's allocations, CuPy's `MemoryHook`.
+//!
+//! Hooks are registered per thread, keyed by name, and called in registration order for both
+//! the pre and the post callbacks (post callbacks are not reversed, as in CuPy). Only the pools
+//! call them. A hook is installed with [`install`], which returns a guard: dropping the guard
+//! removes the hook (Python's `with hook:`).
+//!
+//! | callback | when | event fields |
+//! |---|---|---|
+//! | `alloc_preprocess` | before each raw allocation (cache miss; up to three with retries) | `device_id`, `mem_size` |
+//! | `alloc_postprocess` | after it, also when it failed (`mem_ptr` 0) | + `mem_ptr` |
+//! | `malloc_preprocess` | at the start of a pool `malloc` | `device_id`, `size`, `mem_size` |
+//! | `malloc_postprocess` | at its end, also on failure (`mem_ptr`, `pmem_id` 0) | + `mem_ptr`, `pmem_id` |
+//! | `free_preprocess` | before a chunk goes back to the pool | `device_id`, `mem_size`, `mem_ptr`, `pmem_id` |
+//! | `free_postprocess` | after it went back | the same |
+//!
+//! A hook returns `Err` to stop an operation. Unlike CuPy (spec §2.4), an error never leaks a
+//! chunk or skews the pool's counters: a failing `malloc_postprocess` returns the chunk (firing
+//! the free hooks), a failing `alloc_postprocess` frees the new block, and a failing
+//! `free_preprocess` still returns the chunk; the error then reaches the caller of `malloc` or
+//! [`PooledMemory::free`](crate::PooledMemory::free).
+//!
+//! While no thread has a hook installed, the pool pays one relaxed atomic load per operation.
+
+use std::cell::RefCell;
+use std::fmt;
+use std::ops::Deref;
+use std::rc::Rc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::backend::{DeviceId, DevicePtr};
+use crate::error::{Error, HookError, Result};
+
+/// What the alloc hooks receive (CuPy's kwargs). `mem_ptr` is 0 in `alloc_preprocess` and after
+/// a failed allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct AllocEvent {
+    /// The pool's device.
+    pub device_id: DeviceId,
+    /// The rounded size of the raw allocation.
+    pub mem_size: usize,
+    /// The raw allocation's address.
+    pub mem_ptr: DevicePtr,
+}
+
+/// What the malloc hooks receive. `mem_ptr` and `pmem_id` are 0 in `malloc_preprocess` and after
+/// a failed allocation.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct MallocEvent {
+    /// The pool's device.
+    pub device_id: DeviceId,
+    /// The size asked for.
+    pub size: usize,
+    /// The rounded size.
+    pub mem_size: usize,
+    /// The address lent.
+    pub mem_ptr: DevicePtr,
+    /// The id of the lent chunk; the matching free reports the same id.
+    pub pmem_id: u64,
+}
+
+/// What the free hooks receive.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct FreeEvent {
+    /// The chunk's device.
+    pub device_id: DeviceId,
+    /// The chunk's (rounded) size.
+    pub mem_size: usize,
+    /// The chunk's address.
+    pub mem_ptr: DevicePtr,
+    /// The chunk's id, as reported by `malloc_postprocess`.
+    pub pmem_id: u64,
+}
+
+/// The result of a hook callback.
+pub type HookResult = std::result::Result<(), HookError>;
+
+/// A memory hook (CuPy's `MemoryHook`). Every callback has a do-nothing default.
+///
+/// Hooks are per thread, so they need not be `Send` or `Sync`; they take `&self` and keep any
+/// state in `Cell`/`RefCell`.
+pub trait MemoryHook {
+    /// The name the hook is registered under; two hooks of one name cannot be installed on one
+    /// thread at once.
+    fn name(&self) -> &str;
+
+    /// Before a raw allocation.
+    ///
+    /// # Errors
+    ///
+    /// An error stops the allocation.
+    fn alloc_preprocess(&self, _event: &AllocEvent) -> HookResult {
+        Ok(())
+    }
+    /// After a raw allocation, also a failed one.
+    ///
+    /// # Errors
+    ///
+    /// An error frees the new block and fails the allocation.
+    fn alloc_postprocess(&self, _event: &AllocEvent) -> HookResult {
+        Ok(())
+    }
+    /// At the start of a pool allocation.
+    ///
+    /// # Errors
+    ///
+    /// An error stops the allocation before anything happens.
+    fn malloc_preprocess(&self, _event: &MallocEvent) -> HookResult {
+        Ok(())
+    }
+    /// At the end of a pool allocation, also a failed one.
+    ///
+    /// # Errors
+    ///
+    /// An error returns the chunk to the pool and fails the allocation.
+    fn malloc_postprocess(&self, _event: &MallocEvent) -> HookResult {
+        Ok(())
+    }
+    /// Before a chunk goes back to the pool.
+    ///
+    /// # Errors
+    ///
+    /// The chunk goes back anyway; the error reaches `PooledMemory::free`'s caller.
+    fn free_preprocess(&self, _event: &FreeEvent) -> HookResult {
+        Ok(())
+    }
+    /// After a chunk went back to the pool.
+    ///
+    /// # Errors
+    ///
+    /// The error reaches `PooledMemory::free`'s caller.
+    fn free_postprocess(&self, _event: &FreeEvent) -> HookResult {
+        Ok(())
+    }
+}
+
+/// Threads with at least one hook installed. Zero lets the pool skip the thread-local check.
+static HOOKED_THREADS: AtomicUsize = AtomicUsize::new(0);
+
+struct Registry {
+    hooks: Vec<Rc<dyn MemoryHook>>,
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if !self.hooks.is_empty() {
+            HOOKED_THREADS.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+thread_local! {
+    static HOOKS: RefCell<Registry> = const { RefCell::new(Registry { hooks: Vec::new() }) };
+}
+
+/// Whether the calling thread has a hook installed.
+#[inline]
+pub(crate) fn active() -> bool {
+    HOOKED_THREADS.load(Ordering::Relaxed) != 0
+        && HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false)
+}
+
+/// Calls `call` on every hook of the calling thread in registration order; stops at the first
+/// error. Hooks may install or remove hooks, or allocate, from inside a callback: the registry is
+/// not borrowed while a hook runs.
+pub(crate) fn fire(phase: &'static str, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
+    let mut i = 0;
+    loop {
+        let Some(hook) = HOOKS.try_with(|h| h.borrow().hooks.get(i).cloned()).ok().flatten() else {
+            return Ok(());
+        };
+        call(&*hook).map_err(|source| Error::Hook { hook: hook.name().to_owned(), phase, source })?;
+        i += 1;
+    }
+}
+
+/// Installs `hook` on the calling thread until the returned guard is dropped.
+///
+/// # Errors
+///
+/// [`Error::HookAlreadyRegistered`] when a hook of the same name is installed on this thread
+/// (CuPy's `KeyError('memory hook ... already exists')`).
+pub fn install<H: MemoryHook + 'static>(hook: H) -> Result<HookGuard<H>> {
+    let hook = Rc::new(hook);
+    let name = hook.name().to_owned();
+    HOOKS.with(|h| {
+        let mut registry = h.borrow_mut();
+        if registry.hooks.iter().any(|x| x.name() == name) {
+            return Err(Error::HookAlreadyRegistered(name));
+        }
+        if registry.hooks.is_empty() {
+            HOOKED_THREADS.fetch_add(1, Ordering::Relaxed);
+        }
+        let erased: Rc<dyn MemoryHook> = hook.clone();
+        registry.hooks.push(erased);
+        Ok(HookGuard { hook })
+    })
+}
+
+/// The names of the hooks installed on the calling thread, in call order.
+#[must_use]
+pub fn installed() -> Vec<String> {
+    HOOKS.with(|h| h.borrow().hooks.iter().map(|x| x.name().to_owned()).collect())
+}
+
+/// Keeps a hook installed; dropping it removes the hook (whatever the order of removal). It
+/// dereferences to the hook, so its state can be read while it is installed.
+#[must_use = "the hook is removed as soon as the guard is dropped"]
+pub struct HookGuard<H: MemoryHook + 'static> {
+    hook: Rc<H>,
+}
+
+impl<H: MemoryHook + 'static> HookGuard<H> {
+    /// Removes the hook and gives it back (to read what it recorded, or take its writer).
+    ///
+    /// # Panics
+    ///
+    /// Never: the registry drops its reference before the hook is unwrapped, and the guard holds
+    /// the only other one.
+    #[must_use]
+    pub fn into_inner(self) -> H {
+        let hook = Rc::clone(&self.hook);
+        drop(self);
+        Rc::try_unwrap(hook).ok().expect("the guard held the last reference to the hook")
+    }
+}
+
+impl<H: MemoryHook + 'static> Deref for HookGuard<H> {
+    type Target = H;
+    fn deref(&self) -> &H {
+        &self.hook
+    }
+}
+
+impl<H: MemoryHook + 'static> Drop for HookGuard<H> {
+    fn drop(&mut self) {
+        let target = Rc::as_ptr(&self.hook).cast::<()>();
+        let _ = HOOKS.try_with(|h| {
+            let mut registry = h.borrow_mut();
+            let before = registry.hooks.len();
+            registry.hooks.retain(|x| Rc::as_ptr(x).cast::<()>() != target);
+            if before != 0 && registry.hooks.is_empty() {
+                HOOKED_THREADS.fetch_sub(1, Ordering::Relaxed);
+            }
+        });
+    }
+}
+
+impl<H: MemoryHook + fmt::Debug + 'static> fmt::Debug for HookGuard<H> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("HookGuard").field(&self.hook).finish()
+    }
+}

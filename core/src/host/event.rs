@@ -1,0 +1,109 @@
+//! Host events: a generation counter per event. `record` asks for the next generation; the
+//! stream completes it when it reaches the record. An event is done when the last generation
+//! asked for has completed.
+
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::Instant;
+
+use crate::backend::EventFlags;
+use crate::error::Result;
+
+use super::code::{err, Code};
+
+#[derive(Debug)]
+struct Marks {
+    recorded: u64,
+    completed: u64,
+    /// When the latest completed generation completed.
+    at: Option<Instant>,
+}
+
+/// A host event (the host backend's `Backend::Event`).
+#[derive(Debug)]
+pub struct HostEvent {
+    pub(crate) flags: EventFlags,
+    marks: Mutex<Marks>,
+    done: Condvar,
+}
+
+fn lock(m: &Mutex<Marks>) -> MutexGuard<'_, Marks> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl HostEvent {
+    pub(crate) fn new(flags: EventFlags) -> Arc<HostEvent> {
+        Arc::new(HostEvent {
+            flags,
+            marks: Mutex::new(Marks { recorded: 0, completed: 0, at: None }),
+            done: Condvar::new(),
+        })
+    }
+
+    /// Asks for the next generation; the returned number is completed by [`HostEvent::complete`].
+    pub(crate) fn next_generation(&self) -> u64 {
+        let mut m = lock(&self.marks);
+        m.recorded += 1;
+        m.recorded
+    }
+
+    /// Completes generation `g` (and every earlier one).
+    pub(crate) fn complete(&self, g: u64) {
+        let mut m = lock(&self.marks);
+        if g > m.completed {
+            m.completed = g;
+            m.at = Some(Instant::now());
+        }
+        self.done.notify_all();
+    }
+
+    /// A replay of a captured record: asks for and completes a generation at once.
+    pub(crate) fn record_now(&self) {
+        let g = self.next_generation();
+        self.complete(g);
+    }
+
+    /// The generation a wait issued now must wait for.
+    pub(crate) fn current_generation(&self) -> u64 {
+        lock(&self.marks).recorded
+    }
+
+    pub(crate) fn query(&self) -> bool {
+        let m = lock(&self.marks);
+        m.completed >= m.recorded
+    }
+
+    /// Blocks until generation `g` has completed.
+    pub(crate) fn wait_for(&self, g: u64) {
+        let mut m = lock(&self.marks);
+        while m.completed < g {
+            m = self.done.wait(m).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    pub(crate) fn synchronize(&self) {
+        let g = self.current_generation();
+        self.wait_for(g);
+    }
+
+    pub(crate) fn elapsed_ms(start: &HostEvent, end: &HostEvent) -> Result<f32> {
+        let api = "cuEventElapsedTime";
+        let (s, e) = (lock(&start.marks), lock(&end.marks));
+        if s.recorded == 0 || e.recorded == 0 {
+            return Err(err(api, Code::InvalidHandle, Some("event was never recorded".into())));
+        }
+        if s.completed < s.recorded || e.completed < e.recorded {
+            return Err(err(api, Code::NotReady, None));
+        }
+        match (s.at, e.at) {
+            (Some(a), Some(b)) => {
+                let ms = if b >= a {
+                    b.duration_since(a).as_secs_f64()
+                } else {
+                    -a.duration_since(b).as_secs_f64()
+                } * 1e3;
+                Ok(ms as f32)
+            }
+            _ => Err(err(api, Code::InvalidHandle, None)),
+        }
+    }
+}

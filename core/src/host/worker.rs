@@ -1,0 +1,295 @@
+//! Host streams: each stream is a worker thread that runs its queue in order.
+//!
+//! Capture records the operations queued on a stream instead of running them; the recorded list
+//! is the graph, and launching the graph queues one task that runs the list in order. The legacy
+//! default stream has no thread: its work runs on the caller's thread once every blocking stream
+//! of the device has drained, which is what "synchronises with all blocking streams" means.
+
+use std::cell::Cell;
+use std::collections::VecDeque;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
+
+use crate::backend::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
+use crate::error::Result;
+
+use super::code::{err, Code};
+
+/// A replayable operation: copies, memsets, host functions, event records and waits.
+pub(crate) type Op = Arc<dyn Fn() + Send + Sync>;
+
+enum Task {
+    Op(Op),
+    Once(Box<dyn FnOnce() + Send>),
+}
+
+struct Capture {
+    #[allow(dead_code)] // the host backend treats every mode as relaxed; kept for debugging
+    mode: CaptureMode,
+    ops: Vec<Op>,
+    invalidated: bool,
+}
+
+struct State {
+    queue: VecDeque<Task>,
+    submitted: u64,
+    completed: u64,
+    shutdown: bool,
+    capture: Option<Capture>,
+}
+
+pub(crate) struct Worker {
+    pub(crate) device: DeviceId,
+    pub(crate) flags: StreamFlags,
+    pub(crate) priority: i32,
+    state: Mutex<State>,
+    work: Condvar,
+    idle: Condvar,
+}
+
+thread_local! {
+    /// The worker whose thread this is (0 on other threads).
+    static CURRENT_WORKER: Cell<usize> = const { Cell::new(0) };
+}
+
+/// Every live worker, for device-wide and legacy-stream synchronisation.
+fn registry() -> &'static Mutex<Vec<Weak<Worker>>> {
+    static WORKERS: OnceLock<Mutex<Vec<Weak<Worker>>>> = OnceLock::new();
+    WORKERS.get_or_init(|| Mutex::new(Vec::new()))
+}
+
+/// Locks a mutex, ignoring poison: every critical section here leaves the state consistent (no
+/// user code runs while a lock is held).
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+impl Worker {
+    /// Starts a worker thread.
+    pub(crate) fn spawn(device: DeviceId, flags: StreamFlags, priority: i32) -> Result<Arc<Worker>> {
+        let worker = Arc::new(Worker {
+            device,
+            flags,
+            priority,
+            state: Mutex::new(State {
+                queue: VecDeque::new(),
+                submitted: 0,
+                completed: 0,
+                shutdown: false,
+                capture: None,
+            }),
+            work: Condvar::new(),
+            idle: Condvar::new(),
+        });
+        let runner = Arc::clone(&worker);
+        std::thread::Builder::new()
+            .name(format!("gpumem-host-stream-{device}"))
+            .spawn(move || runner.run())
+            .map_err(|e| err("cuStreamCreate", Code::OutOfResources, Some(e.to_string())))?;
+        let mut all = lock(registry());
+        all.retain(|w| w.strong_count() > 0);
+        all.push(Arc::downgrade(&worker));
+        Ok(worker)
+    }
+
+    fn run(self: Arc<Self>) {
+        CURRENT_WORKER.with(|c| c.set(Arc::as_ptr(&self) as usize));
+        loop {
+            let task = {
+                let mut st = lock(&self.state);
+                loop {
+                    if let Some(t) = st.queue.pop_front() {
+                        break t;
+                    }
+                    if st.shutdown {
+                        return;
+                    }
+                    st = self.work.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+                }
+            };
+            // Tasks are gpumem's own closures, and user callbacks inside them already catch
+            // their panics; this is the last line that keeps the stream alive regardless.
+            let _ = catch_unwind(AssertUnwindSafe(|| match task {
+                Task::Op(op) => op(),
+                Task::Once(f) => f(),
+            }));
+            let mut st = lock(&self.state);
+            st.completed += 1;
+            self.idle.notify_all();
+        }
+    }
+
+    /// Whether the calling thread is this worker's.
+    pub(crate) fn is_current(&self) -> bool {
+        CURRENT_WORKER.with(Cell::get) == self as *const Worker as usize
+    }
+
+    /// Queues `op`, or records it when the stream captures.
+    pub(crate) fn submit(&self, api: &'static str, op: Op) -> Result<()> {
+        let mut st = lock(&self.state);
+        if let Some(capture) = st.capture.as_mut() {
+            if capture.invalidated {
+                return Err(err(api, Code::StreamCaptureInvalidated, None));
+            }
+            capture.ops.push(op);
+            return Ok(());
+        }
+        self.push(st, Task::Op(op));
+        Ok(())
+    }
+
+    /// Queues a one-shot task; refused (and the capture invalidated) while capturing, as
+    /// `cuStreamAddCallback` is.
+    pub(crate) fn submit_once(&self, api: &'static str, f: Box<dyn FnOnce() + Send>) -> Result<()> {
+        let mut st = lock(&self.state);
+        if let Some(capture) = st.capture.as_mut() {
+            capture.invalidated = true;
+            return Err(err(api, Code::StreamCaptureUnsupported, None));
+        }
+        self.push(st, Task::Once(f));
+        Ok(())
+    }
+
+    fn push(&self, mut st: MutexGuard<'_, State>, task: Task) {
+        st.queue.push_back(task);
+        st.submitted += 1;
+        self.work.notify_one();
+    }
+
+    /// Refuses an operation that is illegal while capturing, invalidating the capture (as CUDA
+    /// does for queries and synchronisation of a capturing stream).
+    fn refuse_if_capturing(&self, st: &mut State, api: &'static str) -> Result<()> {
+        if let Some(capture) = st.capture.as_mut() {
+            capture.invalidated = true;
+            return Err(err(api, Code::StreamCaptureUnsupported, None));
+        }
+        Ok(())
+    }
+
+    pub(crate) fn query(&self) -> Result<bool> {
+        let mut st = lock(&self.state);
+        self.refuse_if_capturing(&mut st, "cuStreamQuery")?;
+        Ok(st.completed == st.submitted)
+    }
+
+    /// Waits for everything queued so far.
+    pub(crate) fn synchronize(&self, api: &'static str) -> Result<()> {
+        let mut st = lock(&self.state);
+        self.refuse_if_capturing(&mut st, api)?;
+        if self.is_current() {
+            return Err(err(
+                api,
+                Code::NotPermitted,
+                Some("a stream cannot wait for itself from its own callback".into()),
+            ));
+        }
+        let target = st.submitted;
+        while st.completed < target {
+            st = self.idle.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+        Ok(())
+    }
+
+    /// Waits for everything queued so far, without the capture check; skips the calling thread's
+    /// own worker (a device-wide wait from inside a callback must not wait for itself).
+    fn drain(&self) {
+        if self.is_current() {
+            return;
+        }
+        let mut st = lock(&self.state);
+        let target = st.submitted;
+        while st.completed < target {
+            st = self.idle.wait(st).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    }
+
+    pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
+        let mut st = lock(&self.state);
+        if st.capture.is_some() {
+            return Err(err(
+                "cuStreamBeginCapture",
+                Code::IllegalState,
+                Some("the stream is already capturing".into()),
+            ));
+        }
+        st.capture = Some(Capture { mode, ops: Vec::new(), invalidated: false });
+        Ok(())
+    }
+
+    pub(crate) fn end_capture(&self) -> Result<Vec<Op>> {
+        let mut st = lock(&self.state);
+        match st.capture.take() {
+            None => {
+                Err(err("cuStreamEndCapture", Code::IllegalState, Some("the stream is not capturing".into())))
+            }
+            Some(c) if c.invalidated => Err(err("cuStreamEndCapture", Code::StreamCaptureInvalidated, None)),
+            Some(c) => Ok(c.ops),
+        }
+    }
+
+    pub(crate) fn capture_status(&self) -> CaptureStatus {
+        match &lock(&self.state).capture {
+            None => CaptureStatus::None,
+            Some(c) if c.invalidated => CaptureStatus::Invalidated,
+            Some(_) => CaptureStatus::Active,
+        }
+    }
+
+    /// Invalidates an active capture; returns whether there was one.
+    fn invalidate_capture(&self) -> bool {
+        match lock(&self.state).capture.as_mut() {
+            Some(c) => {
+                c.invalidated = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Lets the thread finish what is queued and exit.
+    pub(crate) fn shut_down(&self) {
+        lock(&self.state).shutdown = true;
+        self.work.notify_all();
+    }
+}
+
+fn live_workers(filter: impl Fn(&Worker) -> bool) -> Vec<Arc<Worker>> {
+    lock(registry()).iter().filter_map(Weak::upgrade).filter(|w| filter(w)).collect()
+}
+
+/// The blocking streams of `dev` must be idle before work on the legacy stream runs. A blocking
+/// stream that is capturing cannot be joined: that capture is invalidated and the legacy
+/// operation fails, as CUDA's `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`.
+pub(crate) fn join_legacy(dev: DeviceId, api: &'static str) -> Result<()> {
+    refuse_implicit_capture(dev, api)?;
+    for w in live_workers(|w| w.device == dev && !w.flags.non_blocking) {
+        w.drain();
+    }
+    Ok(())
+}
+
+/// Fails (invalidating the capture) when a blocking stream of `dev` captures: the legacy stream
+/// cannot depend on it.
+pub(crate) fn refuse_implicit_capture(dev: DeviceId, api: &'static str) -> Result<()> {
+    let mut implicit = false;
+    for w in live_workers(|w| w.device == dev && !w.flags.non_blocking) {
+        implicit |= w.invalidate_capture_if_active();
+    }
+    if implicit {
+        return Err(err(api, Code::StreamCaptureImplicit, None));
+    }
+    Ok(())
+}
+
+impl Worker {
+    fn invalidate_capture_if_active(&self) -> bool {
+        self.capture_status() == CaptureStatus::Active && self.invalidate_capture()
+    }
+}
+
+/// Waits until every stream of `dev` (all devices for `None`) has drained.
+pub(crate) fn drain_device(dev: Option<DeviceId>) {
+    for w in live_workers(|w| dev.is_none_or(|d| w.device == d)) {
+        w.drain();
+    }
+}

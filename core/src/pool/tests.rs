@@ -1,0 +1,1 @@
+//! Pool unit tests against the host backend and mock raw allocators.

@@ -1,0 +1,1 @@
+//! gpumem hooks
