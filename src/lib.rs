@@ -1,1 +1,171 @@
-//! gpumem
+//! gpumem: a caching GPU memory runtime for Rust, on CUDA, HIP or the host.
+//!
+//! gpumem is CuPy's device-memory runtime rebuilt in Rust: a caching memory pool whose cache hit
+//! costs tens of nanoseconds, memory hooks with a JSON-lines debug printer, memory pointers whose
+//! copies and memsets are bounds-checked, streams (owned and external), events, host callbacks and
+//! CUDA graph capture. The same program runs on NVIDIA GPUs (`--features cuda`), AMD GPUs
+//! (`--features hip`, everything but capture) or, with neither, on the host backend, where device
+//! memory is host memory and streams are worker threads.
+//!
+//! This crate picks the default backend (`cuda`, else `hip`, else `host`) and exports the typed
+//! API for it under CuPy's names. Every enabled backend is also reachable by name:
+//! [`host`], and `cuda` / `hip` when their features are on.
+//!
+//! # Example
+//!
+//! ```
+//! use gpumem::{MemoryPool, Stream};
+//!
+//! let pool = MemoryPool::new();
+//! let a = pool.malloc(1024)?;
+//! a.copy_from_host(&[1, 2, 3, 4], 4)?;
+//! let b = pool.malloc(1024)?;
+//! b.copy_from_device(&a, 4)?;
+//!
+//! let stream = Stream::non_blocking()?;
+//! (&b + 4).memset_async(9, 4, Some(&stream))?;
+//! stream.synchronize()?;
+//!
+//! let mut out = [0u8; 8];
+//! b.copy_to_host(&mut out, 8)?;
+//! assert_eq!(out, [1, 2, 3, 4, 9, 9, 9, 9]);
+//!
+//! // Out of range is an error, not memory corruption.
+//! assert!((&b + 1020).memset(0, 8).is_err());
+//! # Ok::<(), gpumem::Error>(())
+//! ```
+//!
+//! # Backends
+//!
+//! | | host (default) | cuda | hip |
+//! |---|---|---|---|
+//! | memory, pool, hooks, copies, memsets | yes | yes | yes |
+//! | streams, events, callbacks, host functions | yes | yes | yes |
+//! | stream capture and graphs | yes | yes | no: [`Error::Unsupported`] |
+//! | stream-ordered allocator | yes | yes (`cuMemAllocAsync`) | where the runtime has it |
+
+pub use gpumem_core as core;
+pub use gpumem_core::backend::{
+    Backend, CaptureMode, CaptureStatus, DeviceId, DevicePtr, DeviceProperties, EventFlags, MemInfo, StreamFlags,
+};
+pub use gpumem_core::hooks::{self, AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
+pub use gpumem_core::{
+    ALLOCATION_UNIT_SIZE, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, HookError, LIMIT_ENV, Limit,
+    PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, round_size,
+};
+// hooks re-export added once the hooks crate lands
+
+
+/// The host backend (always available).
+pub use gpumem_core::host;
+/// The CUDA backend.
+#[cfg(feature = "cuda")]
+pub use gpumem_cuda as cuda;
+/// The HIP backend.
+#[cfg(feature = "hip")]
+pub use gpumem_hip as hip;
+
+cfg_if::cfg_if! {
+    if #[cfg(feature = "cuda")] {
+        /// The backend this build uses by default: CUDA.
+        pub type DefaultBackend = gpumem_cuda::Cuda;
+    } else if #[cfg(feature = "hip")] {
+        /// The backend this build uses by default: HIP.
+        pub type DefaultBackend = gpumem_hip::Hip;
+    } else {
+        /// The backend this build uses by default: the host.
+        pub type DefaultBackend = gpumem_core::host::Host;
+    }
+}
+
+/// A device of the default backend (CuPy's `cupy.cuda.Device`).
+pub type Device = gpumem_core::Device<DefaultBackend>;
+/// Restores the previous device when dropped.
+pub type DeviceGuard = gpumem_core::DeviceGuard<DefaultBackend>;
+/// One raw device allocation (CuPy's `Memory`).
+pub type Memory = gpumem_core::Memory<DefaultBackend>;
+/// Foreign device memory kept alive through an owner (CuPy's `UnownedMemory`).
+pub type UnownedMemory = gpumem_core::UnownedMemory<DefaultBackend>;
+/// A chunk lent by a pool (CuPy's `PooledMemory`).
+pub type PooledMemory = gpumem_core::PooledMemory<DefaultBackend>;
+/// A pointer into device memory (CuPy's `MemoryPointer`).
+pub type MemoryPointer = gpumem_core::MemoryPointer<DefaultBackend>;
+/// One pinned host allocation (CuPy's `PinnedMemory`).
+pub type PinnedMemory = gpumem_core::PinnedMemory<DefaultBackend>;
+/// A pointer into pinned host memory (CuPy's `PinnedMemoryPointer`).
+pub type PinnedMemoryPointer = gpumem_core::PinnedMemoryPointer<DefaultBackend>;
+/// The pinned memory pool (CuPy's `PinnedMemoryPool`).
+pub type PinnedMemoryPool = gpumem_core::PinnedMemoryPool<DefaultBackend>;
+/// The pool of one device (CuPy's `SingleDeviceMemoryPool`).
+pub type SingleDeviceMemoryPool = gpumem_core::SingleDeviceMemoryPool<DefaultBackend>;
+/// One pool per device (CuPy's `MemoryPool`).
+pub type MemoryPool = gpumem_core::MemoryPool<DefaultBackend>;
+/// A stream (CuPy's `Stream`).
+pub type Stream = gpumem_core::Stream<DefaultBackend>;
+/// A stream gpumem never destroys (CuPy's `ExternalStream`).
+pub type ExternalStream = gpumem_core::ExternalStream<DefaultBackend>;
+/// Restores the previous current stream when dropped (CuPy's `with stream:`).
+pub type StreamGuard = gpumem_core::StreamGuard<DefaultBackend>;
+/// An event (CuPy's `Event`).
+pub type Event = gpumem_core::Event<DefaultBackend>;
+/// An instantiated graph (CuPy's `Graph`).
+pub type Graph = gpumem_core::Graph<DefaultBackend>;
+/// Ends a `using_allocator` scope when dropped.
+pub type AllocatorGuard = gpumem_core::AllocatorGuard<DefaultBackend>;
+
+/// Allocates `size` bytes on the current device with the current allocator (CuPy's
+/// `cupy.cuda.alloc`; by default the default memory pool).
+///
+/// # Errors
+///
+/// The allocator's: `OutOfMemory`, `LimitExceeded`, a hook's error.
+pub fn alloc(size: usize) -> Result<MemoryPointer> {
+    gpumem_core::alloc::<DefaultBackend>(size)
+}
+
+/// The default memory pool (CuPy's `get_default_memory_pool()`).
+#[must_use]
+pub fn get_default_memory_pool() -> std::sync::Arc<MemoryPool> {
+    gpumem_core::get_default_memory_pool::<DefaultBackend>()
+}
+
+/// The default pinned memory pool (CuPy's `get_default_pinned_memory_pool()`).
+#[must_use]
+pub fn get_default_pinned_memory_pool() -> std::sync::Arc<PinnedMemoryPool> {
+    gpumem_core::get_default_pinned_memory_pool::<DefaultBackend>()
+}
+
+/// Sets the process-wide allocator (CuPy's `set_allocator`); `None` disables pooling.
+///
+/// # Errors
+///
+/// [`Error::AllocatorInUse`] inside a [`using_allocator`] scope.
+pub fn set_allocator(allocator: Option<std::sync::Arc<dyn Allocator<DefaultBackend>>>) -> Result<()> {
+    gpumem_core::set_allocator::<DefaultBackend>(allocator)
+}
+
+/// The allocator [`alloc`] uses on this thread (CuPy's `get_allocator`).
+#[must_use]
+pub fn get_allocator() -> std::sync::Arc<dyn Allocator<DefaultBackend>> {
+    gpumem_core::get_allocator::<DefaultBackend>()
+}
+
+/// Uses `allocator` on this thread until the guard is dropped (CuPy's `using_allocator`).
+pub fn using_allocator(allocator: Option<std::sync::Arc<dyn Allocator<DefaultBackend>>>) -> AllocatorGuard {
+    gpumem_core::using_allocator::<DefaultBackend>(allocator)
+}
+
+/// The current stream of the current device on this thread (CuPy's `get_current_stream()`).
+#[must_use]
+pub fn get_current_stream() -> Stream {
+    Stream::current()
+}
+
+/// Milliseconds between two recorded events (CuPy's `get_elapsed_time`).
+///
+/// # Errors
+///
+/// As [`gpumem_core::get_elapsed_time`].
+pub fn get_elapsed_time(start: &Event, end: &Event) -> Result<f32> {
+    gpumem_core::get_elapsed_time(start, end)
+}

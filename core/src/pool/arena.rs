@@ -232,12 +232,6 @@ impl<B: Backend> ArenaState<B> {
         bytes
     }
 
-    /// The size of a lent chunk.
-    #[cfg(test)]
-    pub(crate) fn lent_size(&self, slot: u32) -> usize {
-        self.chunks[slot as usize].size
-    }
-
     /// Every free chunk as `(ptr, size)`, for tests and debug dumps.
     pub(crate) fn free_chunks(&self) -> Vec<(DevicePtr, usize)> {
         self.chunks.iter().filter(|c| matches!(c.state, State::Free(_))).map(|c| (c.ptr, c.size)).collect()
