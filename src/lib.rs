@@ -46,15 +46,15 @@
 
 pub use gpumem_core as core;
 pub use gpumem_core::backend::{
-    Backend, CaptureMode, CaptureStatus, DeviceId, DevicePtr, DeviceProperties, EventFlags, MemInfo, StreamFlags,
+    Backend, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, MemInfo,
+    StreamFlags,
 };
 pub use gpumem_core::hooks::{self, AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use gpumem_core::{
-    ALLOCATION_UNIT_SIZE, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, HookError, LIMIT_ENV, Limit,
-    PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, round_size,
+    round_size, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, HookError, Limit, PinnedAllocator,
+    PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
 // hooks re-export added once the hooks crate lands
-
 
 /// The host backend (always available).
 pub use gpumem_core::host;

@@ -1,1 +1,111 @@
-fn main() {}
+//! The pool's hot path on the host backend: a cache hit (allocate + free of the same size), the
+//! cost of the hook check, and the aggregate rate of threads each on its own stream.
+//!
+//! `cargo bench -p gpumem-core --bench pool`
+
+#![allow(missing_docs)] // `criterion_group!` generates undocumented items
+
+use std::hint::black_box;
+use std::sync::{Arc, Barrier};
+use std::time::{Duration, Instant};
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use gpumem_core::host::Host;
+use gpumem_core::{hooks, MemoryHook, SingleDeviceMemoryPool, Stream};
+
+fn cache_hit(c: &mut Criterion) {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let mut g = c.benchmark_group("cache_hit");
+    for (name, size) in [("512B", 512), ("1MiB", 1 << 20), ("64MiB", 64 << 20)] {
+        drop(pool.malloc_pooled(size).unwrap());
+        g.bench_function(BenchmarkId::new("malloc_pooled+free", name), |b| {
+            b.iter(|| drop(black_box(pool.malloc_pooled(black_box(size)).unwrap())))
+        });
+    }
+    g.bench_function("malloc(MemoryPointer)+free/512B", |b| {
+        b.iter(|| drop(black_box(pool.malloc(black_box(512)).unwrap())))
+    });
+    g.finish();
+}
+
+struct Quiet;
+impl MemoryHook for Quiet {
+    fn name(&self) -> &str {
+        "quiet"
+    }
+}
+
+fn hook_check(c: &mut Criterion) {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    drop(pool.malloc_pooled(512).unwrap());
+    let mut g = c.benchmark_group("hook_check");
+    g.bench_function("check alone, no hook anywhere", |b| b.iter(|| black_box(hooks::active())));
+    g.bench_function("cache_hit, no hook anywhere", |b| {
+        b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
+    });
+    // A hook on another thread makes every thread take the thread-local half of the check.
+    let (installed, release) = (Arc::new(Barrier::new(2)), Arc::new(Barrier::new(2)));
+    let (i2, r2) = (installed.clone(), release.clone());
+    let other = std::thread::spawn(move || {
+        let _hook = hooks::install(Quiet).unwrap();
+        i2.wait();
+        r2.wait();
+    });
+    installed.wait();
+    g.bench_function("cache_hit, hook on another thread", |b| {
+        b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
+    });
+    release.wait();
+    other.join().unwrap();
+    {
+        let _hook = hooks::install(Quiet).unwrap();
+        g.bench_function("cache_hit, do-nothing hook on this thread", |b| {
+            b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
+        });
+    }
+    g.finish();
+}
+
+/// `threads` threads, each on its own non-blocking stream, each doing `iters` 4 KiB allocate +
+/// free pairs; returns the wall time of the slowest.
+fn run_threads(pool: &Arc<SingleDeviceMemoryPool<Host>>, threads: usize, iters: u64) -> Duration {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (pool, start) = (Arc::clone(pool), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let stream = Stream::<Host>::non_blocking().unwrap();
+                let _g = stream.enter().unwrap();
+                drop(pool.malloc_pooled(4096).unwrap());
+                start.wait();
+                let t = Instant::now();
+                for _ in 0..iters {
+                    drop(black_box(pool.malloc_pooled(black_box(4096)).unwrap()));
+                }
+                t.elapsed()
+            })
+        })
+        .collect();
+    start.wait();
+    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+}
+
+fn threads(c: &mut Criterion) {
+    let pool = Arc::new(SingleDeviceMemoryPool::<Host>::new(0).unwrap());
+    let mut g = c.benchmark_group("threads_own_stream_4KiB");
+    for n in [1usize, 4, 8] {
+        // One element = one allocate + free pair on one thread; the rate is aggregate.
+        g.throughput(Throughput::Elements(n as u64));
+        g.bench_function(BenchmarkId::from_parameter(n), |b| {
+            b.iter_custom(|iters| run_threads(&pool, n, iters))
+        });
+    }
+    g.finish();
+}
+
+criterion_group! {
+    name = benches;
+    config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
+    targets = cache_hit, hook_check, threads
+}
+criterion_main!(benches);

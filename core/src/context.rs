@@ -36,7 +36,7 @@ macro_rules! backend_statics {
     ($backend:ty) => {
         fn thread_state() -> &'static ::std::thread::LocalKey<$crate::ThreadState<$backend>> {
             ::std::thread_local! {
-                static STATE: $crate::ThreadState<$backend> = $crate::ThreadState::new();
+                static STATE: $crate::ThreadState<$backend> = const { $crate::ThreadState::new() };
             }
             &STATE
         }
@@ -55,7 +55,8 @@ pub struct ThreadState<B: Backend> {
     pub(crate) device: Cell<DeviceId>,
     /// The current stream of each device; `None` is the default stream.
     pub(crate) streams: RefCell<Vec<Option<Stream<B>>>>,
-    /// The arena key of the current device's current stream: what the pool's hot path reads.
+    /// The arena key of the current device's current stream: what the pool's hot path reads
+    /// ([`ArenaKey::UNSET`] until first read).
     pub(crate) arena_key: Cell<ArenaKey>,
     /// The pool's per-thread cache of arenas.
     pub(crate) arenas: ArenaCache<B>,
@@ -64,16 +65,34 @@ pub struct ThreadState<B: Backend> {
 }
 
 impl<B: Backend> ThreadState<B> {
-    /// A fresh thread's state: device 0, every device on its default stream.
+    /// A fresh thread's state: device 0, every device on its default stream. A `const fn`, so
+    /// the thread-local needs no lazy initialisation on the hot path.
     #[must_use]
-    pub fn new() -> Self {
+    pub const fn new() -> Self {
         ThreadState {
             device: Cell::new(0),
             streams: RefCell::new(Vec::new()),
-            arena_key: Cell::new(default_arena_key()),
+            arena_key: Cell::new(ArenaKey::UNSET),
             arenas: ArenaCache::new(),
             allocators: RefCell::new(Vec::new()),
         }
+    }
+
+    /// The arena key of the current device's current stream.
+    #[inline]
+    pub(crate) fn arena_key(&self) -> ArenaKey {
+        let key = self.arena_key.get();
+        if key == ArenaKey::UNSET {
+            self.first_arena_key()
+        } else {
+            key
+        }
+    }
+
+    #[cold]
+    fn first_arena_key(&self) -> ArenaKey {
+        self.refresh_arena_key();
+        self.arena_key.get()
     }
 
     /// The current stream of `dev`, if one was set (`None`: the default stream).

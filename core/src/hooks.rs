@@ -153,9 +153,10 @@ thread_local! {
     static HOOKS: RefCell<Registry> = const { RefCell::new(Registry { hooks: Vec::new() }) };
 }
 
-/// Whether the calling thread has a hook installed.
+/// Whether the calling thread has a hook installed: the check the pool makes on every operation.
 #[inline]
-pub(crate) fn active() -> bool {
+#[must_use]
+pub fn active() -> bool {
     HOOKED_THREADS.load(Ordering::Relaxed) != 0
         && HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false)
 }

@@ -405,9 +405,9 @@ impl<B: Backend> Stream<B> {
         } else {
             let ptr = Box::into_raw(Box::new(data)).cast::<c_void>();
             // SAFETY: the trampoline takes ownership of the box and runs once.
-            if let Err(e) =
-                unsafe { B::launch_host_func(dev, self.inner.handle, callback::once_trampoline, ptr) }
-            {
+            let launched =
+                unsafe { B::launch_host_func(dev, self.inner.handle, callback::once_trampoline, ptr) };
+            if let Err(e) = launched {
                 // SAFETY: the runtime refused the launch, so it never saw `ptr`: it is ours again.
                 drop(unsafe { Box::from_raw(ptr.cast::<HostFnData>()) });
                 return Err(e);

@@ -8,13 +8,11 @@
 use crate::backend::{Backend, DevicePtr};
 use crate::memory::BaseMemory;
 
-use super::index::{FreeIndex, Position};
-
-const NIL: u32 = u32::MAX;
+use super::index::{FreeIndex, NIL};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
-    Free(Position),
+    Free,
     Lent,
     Vacant,
 }
@@ -24,6 +22,7 @@ struct Chunk {
     ptr: DevicePtr,
     size: usize,
     block: u32,
+    /// The neighbours in address order within the block (`NIL` at either end).
     prev: u32,
     next: u32,
     state: State,
@@ -39,6 +38,9 @@ pub(crate) struct ArenaState<B: Backend> {
     index: FreeIndex,
     /// No longer in the pool's map: allocations must go to the arena that replaced it.
     pub(crate) retired: bool,
+    /// The pool is gone: chunks that come back release their raw blocks as soon as whole, and
+    /// the last one lets the arena go (see `ArenaRef`).
+    pub(crate) orphaned: bool,
     pub(crate) used_bytes: usize,
     pub(crate) free_bytes: usize,
     pub(crate) n_free: usize,
@@ -62,6 +64,7 @@ impl<B: Backend> ArenaState<B> {
             vacant_blocks: Vec::new(),
             index: FreeIndex::new(),
             retired: false,
+            orphaned: false,
             used_bytes: 0,
             free_bytes: 0,
             n_free: 0,
@@ -75,16 +78,13 @@ impl<B: Backend> ArenaState<B> {
     }
 
     fn new_slot(&mut self, chunk: Chunk) -> u32 {
-        match self.vacant.pop() {
-            Some(slot) => {
-                self.chunks[slot as usize] = chunk;
-                slot
-            }
-            None => {
-                self.chunks.push(chunk);
-                u32::try_from(self.chunks.len() - 1).expect("fewer than 2^32 chunks in one arena")
-            }
+        if let Some(slot) = self.vacant.pop() {
+            self.chunks[slot as usize] = chunk;
+            return slot;
         }
+        self.chunks.push(chunk);
+        self.index.grow_slots(self.chunks.len());
+        u32::try_from(self.chunks.len() - 1).expect("fewer than 2^32 chunks in one arena")
     }
 
     fn vacate(&mut self, slot: u32) {
@@ -92,53 +92,61 @@ impl<B: Backend> ArenaState<B> {
         self.vacant.push(slot);
     }
 
-    fn mark_free(&mut self, slot: u32) {
-        let size = self.chunks[slot as usize].size;
-        let pos = self.index.insert(slot, size);
-        self.chunks[slot as usize].state = State::Free(pos);
+    #[inline]
+    fn mark_free(&mut self, slot: u32, size: usize) {
+        self.chunks[slot as usize].state = State::Free;
+        self.index.insert(slot, size);
         self.n_free += 1;
         self.free_bytes += size;
     }
 
-    fn unmark_free(&mut self, slot: u32) {
-        let chunk = self.chunks[slot as usize];
-        let State::Free(pos) = chunk.state else { unreachable!("unmark_free on a chunk that is not free") };
-        if let Some((moved, new_pos)) = self.index.remove(slot, chunk.size, pos) {
-            self.chunks[moved as usize].state = State::Free(new_pos);
-        }
+    #[inline]
+    fn unmark_free(&mut self, slot: u32, size: usize) {
+        self.index.remove(slot, size);
         self.n_free -= 1;
-        self.free_bytes -= chunk.size;
+        self.free_bytes -= size;
+    }
+
+    fn is_free(&self, slot: u32) -> bool {
+        slot != NIL && self.chunks[slot as usize].state == State::Free
     }
 
     /// Lends the best-fitting free chunk for `size` bytes, splitting off and keeping the rest
     /// (CuPy's split: the head is lent, the remainder stays free, unmerged).
+    #[inline]
     pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
         let (slot, found) = self.index.take_best(size)?;
         self.n_free -= 1;
         self.free_bytes -= found;
-        let chunk = self.chunks[slot as usize];
-        debug_assert_eq!(chunk.size, found);
-        if found > size {
-            let rest = self.new_slot(Chunk {
-                ptr: chunk.ptr + size,
-                size: found - size,
-                block: chunk.block,
-                prev: slot,
-                next: chunk.next,
-                state: State::Vacant,
-            });
-            if chunk.next != NIL {
-                self.chunks[chunk.next as usize].prev = rest;
-            }
-            let head = &mut self.chunks[slot as usize];
-            head.next = rest;
-            head.size = size;
-            self.mark_free(rest);
-        }
-        self.chunks[slot as usize].state = State::Lent;
-        self.used_bytes += size;
         self.n_lent += 1;
+        self.used_bytes += size;
+        if found > size {
+            self.split(slot, size, found);
+        }
+        let chunk = &mut self.chunks[slot as usize];
+        debug_assert!(chunk.state == State::Free && chunk.size == size);
+        chunk.state = State::Lent;
         Some(Lent { slot, ptr: chunk.ptr })
+    }
+
+    #[cold]
+    fn split(&mut self, slot: u32, size: usize, found: usize) {
+        let head = self.chunks[slot as usize];
+        let rest = self.new_slot(Chunk {
+            ptr: head.ptr + size,
+            size: found - size,
+            block: head.block,
+            prev: slot,
+            next: head.next,
+            state: State::Free,
+        });
+        if head.next != NIL {
+            self.chunks[head.next as usize].prev = rest;
+        }
+        let head = &mut self.chunks[slot as usize];
+        head.next = rest;
+        head.size = size;
+        self.mark_free(rest, found - size);
     }
 
     /// Adds a new raw block of `size` bytes and lends all of it.
@@ -160,51 +168,55 @@ impl<B: Backend> ArenaState<B> {
         Lent { slot, ptr }
     }
 
-    /// Takes back a lent chunk, merging it with free neighbours of the same raw block. When
-    /// `release_whole` is set (the pool is gone) and the merged chunk is a whole block, the block
-    /// is released and returned for the caller to free outside the lock.
-    pub(crate) fn give_back(
-        &mut self,
-        slot: u32,
-        release_whole: bool,
-    ) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
-        let mut chunk = self.chunks[slot as usize];
-        debug_assert_eq!(chunk.state, State::Lent, "a chunk went back twice");
-        self.used_bytes -= chunk.size;
+    /// Takes back a lent chunk, merging it with free neighbours of the same raw block. When the
+    /// arena is orphaned (its pool is gone) and the merged chunk is a whole block, the block is
+    /// released and returned for the caller to free outside the lock.
+    #[inline]
+    pub(crate) fn give_back(&mut self, slot: u32) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
+        let Chunk { size, prev, next, state, .. } = self.chunks[slot as usize];
+        debug_assert_eq!(state, State::Lent, "a chunk went back twice");
+        self.used_bytes -= size;
         self.n_lent -= 1;
+        let (slot, size) =
+            if self.is_free(next) || self.is_free(prev) { self.merge(slot) } else { (slot, size) };
+        if self.orphaned && self.chunks[slot as usize].prev == NIL && self.chunks[slot as usize].next == NIL {
+            return Some(self.release(slot));
+        }
+        self.mark_free(slot, size);
+        None
+    }
+
+    /// Merges a returning chunk with its free neighbours. Free neighbours are never adjacent to
+    /// each other, so one merge on each side suffices. Returns the merged chunk's slot and size.
+    #[cold]
+    fn merge(&mut self, slot: u32) -> (u32, usize) {
         let mut slot = slot;
-        // Neighbours are never both free and adjacent, so one merge on each side suffices.
-        if chunk.next != NIL && matches!(self.chunks[chunk.next as usize].state, State::Free(_)) {
-            let next = chunk.next;
-            self.unmark_free(next);
+        let next = self.chunks[slot as usize].next;
+        if self.is_free(next) {
             let absorbed = self.chunks[next as usize];
-            chunk.size += absorbed.size;
-            chunk.next = absorbed.next;
+            self.unmark_free(next, absorbed.size);
+            let c = &mut self.chunks[slot as usize];
+            c.size += absorbed.size;
+            c.next = absorbed.next;
             if absorbed.next != NIL {
                 self.chunks[absorbed.next as usize].prev = slot;
             }
             self.vacate(next);
         }
-        if chunk.prev != NIL && matches!(self.chunks[chunk.prev as usize].state, State::Free(_)) {
-            let prev = chunk.prev;
-            self.unmark_free(prev);
-            let mut merged = self.chunks[prev as usize];
-            merged.size += chunk.size;
-            merged.next = chunk.next;
-            if chunk.next != NIL {
-                self.chunks[chunk.next as usize].prev = prev;
+        let prev = self.chunks[slot as usize].prev;
+        if self.is_free(prev) {
+            let absorbed = self.chunks[slot as usize];
+            self.unmark_free(prev, self.chunks[prev as usize].size);
+            let p = &mut self.chunks[prev as usize];
+            p.size += absorbed.size;
+            p.next = absorbed.next;
+            if absorbed.next != NIL {
+                self.chunks[absorbed.next as usize].prev = prev;
             }
             self.vacate(slot);
             slot = prev;
-            chunk = merged;
         }
-        chunk.state = State::Vacant;
-        self.chunks[slot as usize] = chunk;
-        if release_whole && chunk.prev == NIL && chunk.next == NIL {
-            return Some(self.release(slot));
-        }
-        self.mark_free(slot);
-        None
+        (slot, self.chunks[slot as usize].size)
     }
 
     fn release(&mut self, slot: u32) -> (Box<dyn BaseMemory<B>>, usize) {
@@ -222,8 +234,8 @@ impl<B: Backend> ArenaState<B> {
         let mut bytes = 0;
         for slot in 0..self.chunks.len() as u32 {
             let c = self.chunks[slot as usize];
-            if matches!(c.state, State::Free(_)) && c.prev == NIL && c.next == NIL {
-                self.unmark_free(slot);
+            if c.state == State::Free && c.prev == NIL && c.next == NIL {
+                self.unmark_free(slot, c.size);
                 let (mem, size) = self.release(slot);
                 out.push(mem);
                 bytes += size;
@@ -234,6 +246,6 @@ impl<B: Backend> ArenaState<B> {
 
     /// Every free chunk as `(ptr, size)`, for tests and debug dumps.
     pub(crate) fn free_chunks(&self) -> Vec<(DevicePtr, usize)> {
-        self.chunks.iter().filter(|c| matches!(c.state, State::Free(_))).map(|c| (c.ptr, c.size)).collect()
+        self.chunks.iter().filter(|c| c.state == State::Free).map(|c| (c.ptr, c.size)).collect()
     }
 }

@@ -1,124 +1,203 @@
-//! The free-chunk index of one arena: best fit by size in O(1) for small chunks.
+//! The free-chunk index of one arena: best fit by size, in O(1) for the common cases.
 //!
 //! CuPy keeps a sorted set of `(size, object address)` and takes `lower_bound(size)`: the smallest
-//! free chunk at least as large as the request. gpumem makes the same choice faster: chunks below
-//! [`SMALL_UNITS`] units (2 MiB) sit in one exact-size bin per unit, with a two-level bitmap of the
-//! non-empty bins, so "smallest bin at or above `n` that holds a chunk" is two bit scans; larger
-//! chunks sit in a `BTreeSet` ordered by `(size, slot)`. Within a bin the most recently freed chunk
-//! goes out first (its memory is the likeliest to be warm); CuPy's tie-break between equal sizes is
+//! free chunk at least as large as the request. gpumem makes the same choice with segregated bins,
+//! each an intrusive doubly linked list through the arena's chunk slots, and a two-level bitmap of
+//! the non-empty bins:
+//!
+//! - below [`SMALL_UNITS`] units (2 MiB) there is one bin per exact size, so a bin's head is a best
+//!   fit and "the smallest non-empty bin at or above `n`" is two bit scans;
+//! - above, each power of two is cut into 16 classes (a chunk's size is within 6.25 % of its
+//!   class's others). A request takes the smallest fitting chunk of its own class (its list is
+//!   scanned), else the smallest chunk of the next non-empty class. The scan is over the chunks of
+//!   one narrow class, which in practice are few; an exact-size reuse finds its chunk first.
+//!
+//! Insert and remove are a handful of stores. Within equal sizes the most recently freed chunk goes
+//! out first (its memory is the likeliest to be warm); CuPy's tie-break between equal sizes is
 //! arbitrary, so this is a choice, not a difference in behaviour.
-
-use std::collections::BTreeSet;
 
 use super::UNIT;
 
 /// Chunks of fewer units than this live in exact-size bins.
 pub(crate) const SMALL_UNITS: usize = 4096;
-const WORDS: usize = SMALL_UNITS / 64;
+const SMALL_LOG2: u32 = SMALL_UNITS.trailing_zeros();
+/// Size classes per power of two above `SMALL_UNITS`.
+const SUB_CLASSES: usize = 16;
+const SUB_LOG2: u32 = SUB_CLASSES.trailing_zeros();
+const LARGE_CLASSES: usize = (usize::BITS - SMALL_LOG2) as usize * SUB_CLASSES;
+const BINS: usize = SMALL_UNITS + LARGE_CLASSES;
+const WORDS: usize = BINS.div_ceil(64);
+const SUMMARY: usize = WORDS.div_ceil(64);
+pub(crate) const NIL: u32 = u32::MAX;
 
-/// Free chunks, by size. Slots are the arena's chunk indices.
-#[derive(Debug)]
-pub(crate) struct FreeIndex {
-    /// `bins[u]`: free chunks of exactly `u` units; grown on demand.
-    bins: Vec<Vec<u32>>,
-    /// Bit `u` is set when `bins[u]` is not empty.
-    words: [u64; WORDS],
-    /// Bit `w` is set when `words[w]` is not 0.
-    summary: u64,
-    /// Free chunks of `SMALL_UNITS` units or more.
-    large: BTreeSet<(usize, u32)>,
+#[derive(Clone, Copy, Debug)]
+struct Link {
+    prev: u32,
+    next: u32,
+    size: usize,
 }
 
-/// Where a chunk sits in the index, so it can be removed in O(1) when a neighbour merges with it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Position(u32);
+/// Free chunks, by size. Slots are the arena's chunk indices; the arena calls
+/// [`FreeIndex::grow_slots`] as its slab grows.
+#[derive(Debug)]
+pub(crate) struct FreeIndex {
+    /// `heads[b]`: the first free chunk of bin `b`, or `NIL`; grown on demand.
+    heads: Vec<u32>,
+    /// Each slot's neighbours in its bin, and its size.
+    links: Vec<Link>,
+    /// Bit `b` is set when bin `b` is not empty.
+    words: [u64; WORDS],
+    /// Bit `w` is set when `words[w]` is not 0.
+    summary: [u64; SUMMARY],
+}
 
-impl Position {
-    pub(crate) const NONE: Position = Position(u32::MAX);
+/// The bin of a free chunk of `units` units.
+#[inline]
+fn bin_of(units: usize) -> usize {
+    if units < SMALL_UNITS {
+        return units;
+    }
+    let log2 = usize::BITS - 1 - units.leading_zeros();
+    let sub = (units >> (log2 - SUB_LOG2)) & (SUB_CLASSES - 1);
+    SMALL_UNITS + (log2 - SMALL_LOG2) as usize * SUB_CLASSES + sub
 }
 
 impl FreeIndex {
     pub(crate) fn new() -> Self {
-        FreeIndex { bins: Vec::new(), words: [0; WORDS], summary: 0, large: BTreeSet::new() }
+        FreeIndex { heads: Vec::new(), links: Vec::new(), words: [0; WORDS], summary: [0; SUMMARY] }
     }
 
-    /// Adds a free chunk of `size` bytes (a multiple of the unit) and returns its position.
-    pub(crate) fn insert(&mut self, slot: u32, size: usize) -> Position {
-        let units = size / UNIT;
-        if units < SMALL_UNITS {
-            if self.bins.len() <= units {
-                self.bins.resize_with(units + 1, Vec::new);
-            }
-            let bin = &mut self.bins[units];
-            bin.push(slot);
-            self.words[units / 64] |= 1 << (units % 64);
-            self.summary |= 1 << (units / 64);
-            Position((bin.len() - 1) as u32)
-        } else {
-            self.large.insert((size, slot));
-            Position::NONE
+    /// Makes room for slots `0..n`.
+    pub(crate) fn grow_slots(&mut self, n: usize) {
+        if self.links.len() < n {
+            self.links.resize(n, Link { prev: NIL, next: NIL, size: 0 });
         }
     }
 
-    /// Removes a chunk inserted with `size` at `pos`. When another chunk moved into its place,
-    /// returns that chunk's slot and new position, which the caller records.
-    pub(crate) fn remove(&mut self, slot: u32, size: usize, pos: Position) -> Option<(u32, Position)> {
-        let units = size / UNIT;
-        if units < SMALL_UNITS {
-            let bin = &mut self.bins[units];
-            let i = pos.0 as usize;
-            debug_assert_eq!(bin[i], slot, "free index out of step with the arena");
-            bin.swap_remove(i);
-            let moved = bin.get(i).map(|&moved| (moved, pos));
-            if bin.is_empty() {
-                self.clear_bit(units);
-            }
-            moved
+    /// Adds a free chunk of `size` bytes (a multiple of the unit).
+    #[inline]
+    pub(crate) fn insert(&mut self, slot: u32, size: usize) {
+        let bin = bin_of(size / UNIT);
+        if self.heads.len() <= bin {
+            self.heads.resize(bin + 1, NIL);
+        }
+        let head = self.heads[bin];
+        self.links[slot as usize] = Link { prev: NIL, next: head, size };
+        if head == NIL {
+            self.set_bit(bin);
         } else {
-            let removed = self.large.remove(&(size, slot));
-            debug_assert!(removed, "free index out of step with the arena");
-            None
+            self.links[head as usize].prev = slot;
+        }
+        self.heads[bin] = slot;
+    }
+
+    /// Removes a free chunk inserted with `size`.
+    #[inline]
+    pub(crate) fn remove(&mut self, slot: u32, size: usize) {
+        self.unlink(bin_of(size / UNIT), slot);
+    }
+
+    #[inline]
+    fn unlink(&mut self, bin: usize, slot: u32) {
+        let Link { prev, next, .. } = self.links[slot as usize];
+        if prev == NIL {
+            debug_assert_eq!(self.heads[bin], slot, "free index out of step with the arena");
+            self.heads[bin] = next;
+            if next == NIL {
+                self.clear_bit(bin);
+            }
+        } else {
+            self.links[prev as usize].next = next;
+        }
+        if next != NIL {
+            self.links[next as usize].prev = prev;
         }
     }
 
-    /// Removes and returns the best-fitting free chunk for `size` bytes: the smallest at least as
-    /// large. The chunk's size is the bin's (small) or comes back from the set (large).
+    /// Removes and returns the best-fitting free chunk for `size` bytes, the smallest at least as
+    /// large, with its size.
+    #[inline]
     pub(crate) fn take_best(&mut self, size: usize) -> Option<(u32, usize)> {
-        let units = size / UNIT;
-        if units < SMALL_UNITS {
-            if let Some(found) = self.first_bin_at_or_above(units) {
-                let bin = &mut self.bins[found];
-                let slot = bin.pop().expect("a set bit marks a non-empty bin");
-                if bin.is_empty() {
-                    self.clear_bit(found);
-                }
-                return Some((slot, found * UNIT));
+        let bin = bin_of(size / UNIT);
+        // The common case first: an exact-size bin with a chunk in it.
+        if bin < SMALL_UNITS {
+            if let Some(&slot) = self.heads.get(bin).filter(|&&h| h != NIL) {
+                self.unlink(bin, slot);
+                return Some((slot, size));
             }
+        } else if let Some(slot) = self.best_in(bin, size) {
+            let found = self.links[slot as usize].size;
+            self.unlink(bin, slot);
+            return Some((slot, found));
         }
-        let &(found_size, slot) = self.large.range((size, 0)..).next()?;
-        self.large.remove(&(found_size, slot));
+        self.take_from_above(bin, size)
+    }
+
+    #[cold]
+    fn take_from_above(&mut self, bin: usize, size: usize) -> Option<(u32, usize)> {
+        let found = self.first_bin_above(bin)?;
+        let slot = if found < SMALL_UNITS { self.heads[found] } else { self.best_in(found, size)? };
+        let found_size = self.links[slot as usize].size;
+        self.unlink(found, slot);
         Some((slot, found_size))
     }
 
-    fn first_bin_at_or_above(&self, units: usize) -> Option<usize> {
-        let w = units / 64;
-        let here = self.words[w] & (u64::MAX << (units % 64));
+    /// The smallest chunk of at least `size` bytes in a large class.
+    fn best_in(&self, bin: usize, size: usize) -> Option<u32> {
+        let mut best: Option<(usize, u32)> = None;
+        let mut slot = *self.heads.get(bin)?;
+        while slot != NIL {
+            let link = self.links[slot as usize];
+            if link.size == size {
+                return Some(slot);
+            }
+            if link.size > size && best.is_none_or(|(s, _)| link.size < s) {
+                best = Some((link.size, slot));
+            }
+            slot = link.next;
+        }
+        best.map(|(_, slot)| slot)
+    }
+
+    /// The first non-empty bin after `bin`.
+    fn first_bin_above(&self, bin: usize) -> Option<usize> {
+        let from = bin + 1;
+        if from >= BINS {
+            return None;
+        }
+        let w = from / 64;
+        let here = self.words[w] & (u64::MAX << (from % 64));
         if here != 0 {
             return Some(w * 64 + here.trailing_zeros() as usize);
         }
-        let above = if w + 1 >= WORDS { 0 } else { self.summary & (u64::MAX << (w + 1)) };
-        if above == 0 {
-            return None;
+        // Words after `w`, through the summary.
+        let first_word = w + 1;
+        for s in first_word / 64..SUMMARY {
+            let mask = if s == first_word / 64 {
+                u64::MAX.checked_shl((first_word % 64) as u32).unwrap_or(0)
+            } else {
+                u64::MAX
+            };
+            let bits = self.summary[s] & mask;
+            if bits != 0 {
+                let w = s * 64 + bits.trailing_zeros() as usize;
+                return Some(w * 64 + self.words[w].trailing_zeros() as usize);
+            }
         }
-        let w = above.trailing_zeros() as usize;
-        Some(w * 64 + self.words[w].trailing_zeros() as usize)
+        None
     }
 
-    fn clear_bit(&mut self, units: usize) {
-        let w = units / 64;
-        self.words[w] &= !(1 << (units % 64));
+    fn set_bit(&mut self, bin: usize) {
+        let w = bin / 64;
+        self.words[w] |= 1 << (bin % 64);
+        self.summary[w / 64] |= 1 << (w % 64);
+    }
+
+    fn clear_bit(&mut self, bin: usize) {
+        let w = bin / 64;
+        self.words[w] &= !(1 << (bin % 64));
         if self.words[w] == 0 {
-            self.summary &= !(1 << w);
+            self.summary[w / 64] &= !(1 << (w % 64));
         }
     }
 }
@@ -127,9 +206,15 @@ impl FreeIndex {
 mod tests {
     use super::*;
 
+    fn index(slots: usize) -> FreeIndex {
+        let mut idx = FreeIndex::new();
+        idx.grow_slots(slots);
+        idx
+    }
+
     #[test]
     fn best_fit_takes_the_smallest_large_enough_chunk() {
-        let mut idx = FreeIndex::new();
+        let mut idx = index(8);
         idx.insert(1, 4 * UNIT);
         idx.insert(2, 2 * UNIT);
         idx.insert(3, 64 * UNIT);
@@ -145,9 +230,9 @@ mod tests {
 
     #[test]
     fn edge_sizes_land_in_the_right_place() {
-        // unit-1 and unit never reach the index (sizes are rounded first); these are the rounded
-        // edges: one unit, the last small bin, the first large size, the largest.
-        let mut idx = FreeIndex::new();
+        // Sizes reach the index rounded; these are the rounded edges: one unit, the last small
+        // bin, the first large size, the largest.
+        let mut idx = index(4);
         let last_small = (SMALL_UNITS - 1) * UNIT;
         let first_large = SMALL_UNITS * UNIT;
         let largest = usize::MAX / UNIT * UNIT;
@@ -158,26 +243,58 @@ mod tests {
         assert_eq!(idx.take_best(last_small), Some((2, first_large)));
         assert_eq!(idx.take_best(UNIT), Some((0, UNIT)));
         assert_eq!(idx.take_best(UNIT), Some((3, largest)));
-    }
-
-    #[test]
-    fn remove_reports_the_chunk_that_moved() {
-        let mut idx = FreeIndex::new();
-        let a = idx.insert(10, UNIT);
-        let b = idx.insert(11, UNIT);
-        let c = idx.insert(12, UNIT);
-        assert_eq!((a, b, c), (Position(0), Position(1), Position(2)));
-        assert_eq!(idx.remove(10, UNIT, a), Some((12, Position(0))));
-        assert_eq!(idx.remove(11, UNIT, b), None);
-        assert_eq!(idx.remove(12, UNIT, Position(0)), None);
         assert_eq!(idx.take_best(UNIT), None);
     }
 
     #[test]
-    fn last_word_has_no_summary_overflow() {
-        let mut idx = FreeIndex::new();
+    fn removal_from_anywhere_in_a_bin_keeps_the_others() {
+        let mut idx = index(4);
+        for slot in 0..4 {
+            idx.insert(slot, UNIT);
+        }
+        idx.remove(2, UNIT); // middle
+        idx.remove(3, UNIT); // head (last inserted)
+        idx.remove(0, UNIT); // tail
+        assert_eq!(idx.take_best(UNIT), Some((1, UNIT)));
+        assert_eq!(idx.take_best(UNIT), None);
+        idx.insert(3, UNIT);
+        assert_eq!(idx.take_best(UNIT), Some((3, UNIT)), "an emptied bin works again");
+    }
+
+    #[test]
+    fn searches_cross_bitmap_words_and_summary_words() {
+        let mut idx = index(8);
         idx.insert(7, (SMALL_UNITS - 1) * UNIT);
         assert_eq!(idx.take_best((SMALL_UNITS - 2) * UNIT), Some((7, (SMALL_UNITS - 1) * UNIT)));
         assert_eq!(idx.take_best((SMALL_UNITS - 2) * UNIT), None);
+        let huge = (1usize << 60) / UNIT * UNIT;
+        idx.insert(6, huge);
+        assert_eq!(idx.take_best(UNIT), Some((6, huge)), "found through the second summary word");
+    }
+
+    #[test]
+    fn large_classes_keep_best_fit() {
+        let mut idx = index(16);
+        let mib = 1 << 20;
+        // Same class (64 MiB .. 68 MiB), inserted out of order.
+        idx.insert(1, 67 * mib);
+        idx.insert(2, 65 * mib);
+        idx.insert(3, 66 * mib);
+        idx.insert(4, 100 * mib);
+        assert_eq!(idx.take_best(64 * mib + UNIT), Some((2, 65 * mib)));
+        assert_eq!(idx.take_best(66 * mib), Some((3, 66 * mib)), "an exact size is taken first");
+        assert_eq!(idx.take_best(68 * mib), Some((4, 100 * mib)), "none fits in the class: the next one");
+        assert_eq!(idx.take_best(3 * mib), Some((1, 67 * mib)));
+        assert_eq!(idx.take_best(UNIT), None);
+    }
+
+    #[test]
+    fn bins_are_monotonic_in_size() {
+        let mut last = 0;
+        for units in (1..SMALL_UNITS * 8).chain([1 << 30, (1 << 30) + 1, usize::MAX / UNIT]) {
+            let b = bin_of(units);
+            assert!(b >= last && b < BINS, "{units}");
+            last = b;
+        }
     }
 }

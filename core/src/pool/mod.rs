@@ -20,9 +20,14 @@
 //! # Speed
 //!
 //! A cache hit takes one thread-local read (the current stream's arena key and the arena itself,
-//! from a small per-thread cache), one lock of that arena's own mutex, and two bit scans. Arenas of
-//! different streams share no lock and no counter on the hot path, so threads on their own streams
-//! scale. Hooks cost one relaxed atomic load while no thread has one installed.
+//! from a small per-thread cache), one lock of that arena's own lock, and a bin pop (or two bit
+//! scans when the exact size is not free). A lent chunk finds its arena again without a reference
+//! count, so an allocate + free pair costs two atomic read-modify-writes in all. Arenas of
+//! different streams share no lock and no counter on the hot path, so threads on their own
+//! streams scale. Hooks cost one relaxed atomic load while no thread has one installed.
+//!
+//! The pool's logic is safe code; the two hot-path devices that need `unsafe` (the arena lock and
+//! the uncounted arena pointer) are in the `sync` module, with the invariant that makes them sound.
 
 #![allow(clippy::module_name_repetitions)]
 
@@ -30,11 +35,12 @@ mod arena;
 mod index;
 mod limit;
 mod multi;
+mod sync;
 
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -48,6 +54,7 @@ use crate::stream::Stream;
 use arena::ArenaState;
 pub use limit::{Limit, LIMIT_ENV};
 pub use multi::MemoryPool;
+use sync::{ArenaLock, ArenaRef};
 
 /// The pool's allocation unit: every size is rounded up to a multiple of it (CuPy's
 /// `_allocation_unit_size`).
@@ -100,6 +107,8 @@ pub struct ArenaKey(u64);
 impl ArenaKey {
     /// The null stream's arena.
     pub const NULL: ArenaKey = ArenaKey(0);
+    /// Not yet known (a thread's state before its first allocation).
+    pub(crate) const UNSET: ArenaKey = ArenaKey(u64::MAX);
     const PER_THREAD: u64 = 1 << 63;
 
     pub(crate) fn stream(raw: usize) -> ArenaKey {
@@ -118,14 +127,12 @@ struct Shared<B: Backend> {
     total_bytes: AtomicUsize,
     /// 0: unlimited.
     limit: AtomicUsize,
-    /// The pool was dropped: chunks coming back release their whole blocks at once.
-    closed: AtomicBool,
 }
 
 pub(crate) struct Arena<B: Backend> {
     uid: u32,
     shared: Arc<Shared<B>>,
-    state: Mutex<ArenaState<B>>,
+    state: ArenaLock<ArenaState<B>>,
 }
 
 /// A pool's arenas as seen by one thread: the last few `(pool, key)` pairs it used.
@@ -139,7 +146,7 @@ type CacheEntry<B> = (u64, ArenaKey, Arc<Arena<B>>);
 const ARENA_CACHE_SIZE: usize = 8;
 
 impl<B: Backend> ArenaCache<B> {
-    pub(crate) fn new() -> Self {
+    pub(crate) const fn new() -> Self {
         ArenaCache { entries: RefCell::new(Vec::new()) }
     }
 
@@ -206,7 +213,6 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
                 allocator,
                 total_bytes: AtomicUsize::new(0),
                 limit: AtomicUsize::new(0),
-                closed: AtomicBool::new(false),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -232,7 +238,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     /// hook's error; the raw allocator's other errors.
     pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
         let pooled = self.malloc_pooled(size)?;
-        if pooled.chunk.is_none() {
+        if !pooled.is_chunk() {
             return Ok(MemoryPointer::from_memory(Memory::<B>::new_on(self.shared.device, 0)?));
         }
         Ok(MemoryPointer::from_memory(pooled))
@@ -245,7 +251,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     ///
     /// As [`SingleDeviceMemoryPool::malloc`].
     pub fn malloc_pooled(&self, size: usize) -> Result<PooledMemory<B>> {
-        let mem_size = round_size(size).ok_or(Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if !hooks::active() {
             return self.lend(mem_size, false);
         }
@@ -269,17 +275,47 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     }
 
     /// Lends a chunk of `mem_size` (already rounded) bytes from the current stream's arena.
+    #[inline]
     fn lend(&self, mem_size: usize, hooked: bool) -> Result<PooledMemory<B>> {
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
+        // The hot path: the arena from this thread's cache, a chunk from its free index, all
+        // without touching a reference count.
+        let uid = self.shared.uid;
+        let hit = B::thread_state().with(|ts| {
+            let key = ts.arena_key();
+            let cache = ts.arenas.entries.borrow();
+            let (_, _, arena) = cache.iter().find(|(p, k, _)| *p == uid && *k == key)?;
+            let mut st = arena.state.lock();
+            if st.retired {
+                return None;
+            }
+            let lent = st.take(mem_size)?;
+            drop(st);
+            Some(PooledMemory::new(ArenaRef::new(arena), lent.slot, lent.ptr, mem_size, self.shared.device))
+        });
+        match hit {
+            Some(p) => Ok(p),
+            None => self.lend_slow(mem_size, hooked),
+        }
+    }
+
+    #[cold]
+    fn lend_slow(&self, mem_size: usize, hooked: bool) -> Result<PooledMemory<B>> {
         let arena = self.current_arena();
         {
             let mut st = arena.state.lock();
             if !st.retired {
                 if let Some(lent) = st.take(mem_size) {
                     drop(st);
-                    return Ok(PooledMemory::new(arena, lent.slot, lent.ptr, mem_size));
+                    return Ok(PooledMemory::new(
+                        ArenaRef::new(&arena),
+                        lent.slot,
+                        lent.ptr,
+                        mem_size,
+                        self.shared.device,
+                    ));
                 }
             }
         }
@@ -292,7 +328,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         let uid = self.shared.uid;
         B::thread_state()
             .with(|ts| {
-                let key = ts.arena_key.get();
+                let key = ts.arena_key();
                 ts.arenas.get(uid, key).ok_or(key)
             })
             .unwrap_or_else(|key| self.arena_slow(key))
@@ -311,7 +347,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             Arc::new(Arena {
                 uid: self.next_arena.fetch_add(1, Ordering::Relaxed),
                 shared: Arc::clone(&self.shared),
-                state: Mutex::new(ArenaState::new()),
+                state: ArenaLock::new(ArenaState::new()),
             })
         }))
     }
@@ -340,14 +376,20 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             if st.retired {
                 // Retired by a concurrent `free_all_blocks` since we looked: take the new one.
                 drop(st);
-                let key = B::thread_state().with(|ts| ts.arena_key.get());
+                let key = B::thread_state().with(|ts| ts.arena_key());
                 let fresh = self.arena_in_map(key);
                 B::thread_state().with(|ts| ts.arenas.put(self.shared.uid, key, fresh));
                 continue;
             }
             let lent = st.lend_new_block(mem.take().expect("the block is lent once"), mem_size);
             drop(st);
-            return Ok(PooledMemory::new(arena, lent.slot, lent.ptr, mem_size));
+            return Ok(PooledMemory::new(
+                ArenaRef::new(&arena),
+                lent.slot,
+                lent.ptr,
+                mem_size,
+                self.shared.device,
+            ));
         }
     }
 
@@ -503,40 +545,64 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
 
 impl<B: Backend> Drop for SingleDeviceMemoryPool<B> {
     fn drop(&mut self) {
-        // Chunks still lent out keep their arena alive; from now on each one that comes back
-        // releases its raw block as soon as the block is whole again.
-        self.shared.closed.store(true, Ordering::Relaxed);
         self.free_all_blocks(None);
+        // Arenas with chunks still lent out outlive the pool: each is orphaned and kept alive
+        // until its last chunk comes back; meanwhile every chunk that comes back releases its raw
+        // block as soon as the block is whole again.
+        for arena in self.arenas.get_mut().values() {
+            let mut st = arena.state.lock();
+            let mut released = Vec::new();
+            let bytes = st.release_free_blocks(&mut released);
+            self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            if st.n_lent > 0 {
+                st.orphaned = true;
+                ArenaRef::keep_alive(arena);
+            }
+            drop(st);
+            drop(released);
+        }
     }
 }
 
 /// A chunk lent by a pool; it goes back to the pool when dropped (CuPy's `PooledMemory`).
 pub struct PooledMemory<B: Backend> {
-    chunk: Option<(Arc<Arena<B>>, u32)>,
+    arena: Option<ArenaRef<Arena<B>>>,
+    slot: u32,
+    device: DeviceId,
     ptr: DevicePtr,
     size: usize,
-    device: DeviceId,
     /// The id hooks see for a zero-size allocation, which has no chunk.
     empty_id: u64,
 }
 
 impl<B: Backend> PooledMemory<B> {
-    fn new(arena: Arc<Arena<B>>, slot: u32, ptr: DevicePtr, size: usize) -> Self {
-        let device = arena.shared.device;
-        PooledMemory { chunk: Some((arena, slot)), ptr, size, device, empty_id: 0 }
+    fn new(arena: ArenaRef<Arena<B>>, slot: u32, ptr: DevicePtr, size: usize, device: DeviceId) -> Self {
+        PooledMemory { arena: Some(arena), slot, device, ptr, size, empty_id: 0 }
     }
 
     fn empty(device: DeviceId) -> Self {
         static NEXT: AtomicU64 = AtomicU64::new(1);
-        PooledMemory { chunk: None, ptr: 0, size: 0, device, empty_id: NEXT.fetch_add(1, Ordering::Relaxed) }
+        PooledMemory {
+            arena: None,
+            slot: 0,
+            device,
+            ptr: 0,
+            size: 0,
+            empty_id: NEXT.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// Whether this is a real chunk (not a zero-size allocation).
+    fn is_chunk(&self) -> bool {
+        self.arena.is_some()
     }
 
     /// An identifier unique among the chunks lent at one time (CuPy's `pmem_id`, there the
     /// Python object's id): the hooks report it for `malloc` and the matching `free`.
     #[must_use]
     pub fn pmem_id(&self) -> u64 {
-        match &self.chunk {
-            Some((arena, slot)) => pmem_id_of(arena, *slot),
+        match &self.arena {
+            Some(arena) => pmem_id_of(arena.get(), self.slot),
             None => self.empty_id,
         }
     }
@@ -566,25 +632,26 @@ impl<B: Backend> PooledMemory<B> {
     ///
     /// The first error a free hook returned.
     pub fn free(mut self) -> Result<()> {
-        self.release()
+        match self.arena.take() {
+            None => Ok(()),
+            Some(arena) if !hooks::active() => {
+                give_back(arena, self.slot);
+                Ok(())
+            }
+            Some(arena) => self.free_hooked(arena),
+        }
     }
 
-    fn release(&mut self) -> Result<()> {
-        let Some((arena, slot)) = self.chunk.take() else {
-            return Ok(());
-        };
-        if !hooks::active() {
-            give_back(&arena, slot);
-            return Ok(());
-        }
+    #[cold]
+    fn free_hooked(&self, arena: ArenaRef<Arena<B>>) -> Result<()> {
         let event = FreeEvent {
             device_id: self.device,
             mem_size: self.size,
             mem_ptr: self.ptr,
-            pmem_id: pmem_id_of(&arena, slot),
+            pmem_id: pmem_id_of(arena.get(), self.slot),
         };
         // The guard returns the chunk even if a pre-hook fails or panics.
-        let guard = GiveBackOnDrop(Some((arena, slot)));
+        let guard = GiveBackOnDrop(Some((arena, self.slot)));
         let pre = hooks::fire("free_preprocess", |h| h.free_preprocess(&event));
         drop(guard);
         let post = hooks::fire("free_postprocess", |h| h.free_postprocess(&event));
@@ -598,30 +665,48 @@ fn pmem_id_of<B: Backend>(arena: &Arena<B>, slot: u32) -> u64 {
     ((u64::from(arena.uid) << 32) | u64::from(slot)) ^ (arena.shared.uid << 52)
 }
 
-struct GiveBackOnDrop<B: Backend>(Option<(Arc<Arena<B>>, u32)>);
+struct GiveBackOnDrop<B: Backend>(Option<(ArenaRef<Arena<B>>, u32)>);
 
 impl<B: Backend> Drop for GiveBackOnDrop<B> {
     fn drop(&mut self) {
         if let Some((arena, slot)) = self.0.take() {
-            give_back(&arena, slot);
+            give_back(arena, slot);
         }
     }
 }
 
+/// Returns a chunk to its arena.
 #[inline]
-fn give_back<B: Backend>(arena: &Arena<B>, slot: u32) {
-    let closed = arena.shared.closed.load(Ordering::Relaxed);
-    let released = arena.state.lock().give_back(slot, closed);
-    if let Some((mem, size)) = released {
-        arena.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
-        drop(mem);
+#[allow(unsafe_code)] // ending an orphaned arena; see `ArenaRef`
+fn give_back<B: Backend>(arena: ArenaRef<Arena<B>>, slot: u32) {
+    let a = arena.get();
+    let mut st = a.state.lock();
+    let released = st.give_back(slot);
+    if let Some((_, size)) = &released {
+        // Under the lock: once it is released, another thread may free an orphaned arena.
+        a.shared.total_bytes.fetch_sub(*size, Ordering::Relaxed);
+    }
+    let last_of_orphan = st.orphaned && st.n_lent == 0;
+    drop(st);
+    // The raw free (a driver call) runs outside the lock; the block is owned, not the arena's.
+    drop(released);
+    if last_of_orphan {
+        // SAFETY: the pool's `Drop` called `keep_alive` for this orphaned arena, and this was its
+        // last lent chunk, so this is the one matching release; `arena` is not used again.
+        unsafe { arena.release_kept() };
     }
 }
 
 impl<B: Backend> Drop for PooledMemory<B> {
     fn drop(&mut self) {
-        // A hook's error cannot be reported from `drop`; `free()` reports it.
-        let _ = self.release();
+        if let Some(arena) = self.arena.take() {
+            if hooks::active() {
+                // A hook's error cannot be reported from `drop`; `free()` reports it.
+                let _ = self.free_hooked(arena);
+            } else {
+                give_back(arena, self.slot);
+            }
+        }
     }
 }
 

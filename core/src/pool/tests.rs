@@ -6,8 +6,8 @@
 use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
 use std::rc::Rc;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use parking_lot::Mutex;
 
@@ -62,7 +62,11 @@ impl MockAllocator {
         Arc::new(MockAllocator { next: AtomicUsize::new(1 << 20), ..Default::default() })
     }
     fn failing_above(limit: usize) -> Arc<Self> {
-        Arc::new(MockAllocator { next: AtomicUsize::new(1 << 20), fail_above: Some(limit), ..Default::default() })
+        Arc::new(MockAllocator {
+            next: AtomicUsize::new(1 << 20),
+            fail_above: Some(limit),
+            ..Default::default()
+        })
     }
     fn live_bytes(&self) -> usize {
         self.live.lock().values().sum()
@@ -101,7 +105,10 @@ fn round_size_matches_cupy() {
 #[test]
 fn statistics_follow_cupy_sequence() {
     let (pool, _) = mock_pool();
-    assert_eq!((pool.used_bytes(), pool.free_bytes(), pool.total_bytes(), pool.n_free_blocks()), (0, 0, 0, 0));
+    assert_eq!(
+        (pool.used_bytes(), pool.free_bytes(), pool.total_bytes(), pool.n_free_blocks()),
+        (0, 0, 0, 0)
+    );
     pool.free_all_blocks(None); // a no-op on a fresh pool
     let p2 = pool.malloc(2 * U).unwrap();
     assert_eq!((pool.used_bytes(), pool.total_bytes()), (2 * U, 2 * U));
@@ -185,7 +192,7 @@ fn arenas_are_per_stream() {
         let _g = s1.enter().unwrap();
         assert_eq!(pool.malloc(U).unwrap().ptr(), ptr, "reused on its own stream");
     }
-    assert_eq!(pool.malloc(U).unwrap().ptr() != ptr, true, "nor on the null stream");
+    assert_ne!(pool.malloc(U).unwrap().ptr(), ptr, "nor on the null stream");
     // free_all_blocks(stream) releases only that stream's arena.
     let before = pool.total_bytes();
     pool.free_all_blocks(Some(&s1));
@@ -228,14 +235,16 @@ fn limit_sequences() {
     let a = pool.malloc(U).unwrap();
     let _b = pool.malloc(U).unwrap();
     let err = pool.malloc(U).unwrap_err();
-    assert!(matches!(err, Error::LimitExceeded { size, total, limit } if (size, total, limit) == (U, 2 * U, 2 * U)));
+    assert!(
+        matches!(err, Error::LimitExceeded { size, total, limit } if (size, total, limit) == (U, 2 * U, 2 * U))
+    );
     assert_eq!(
         err.to_string(),
         "Out of memory allocating 512 bytes (allocated so far: 1,024 bytes, limit set to: 1,024 bytes)."
     );
     drop(a);
     pool.malloc(U).unwrap(); // served from the cache: the limit is not consulted
-    // Larger than the limit: refused at once.
+                             // Larger than the limit: refused at once.
     assert!(matches!(pool.malloc(3 * U).unwrap_err(), Error::LimitExceeded { .. }));
     pool.set_limit(Limit::Bytes(0)).unwrap();
     pool.malloc(3 * U).unwrap();
@@ -269,7 +278,11 @@ struct Counting {
 impl Counting {
     fn log(&self, what: &str, args: String) -> HookResult {
         self.calls.borrow_mut().push(format!("{what} {args}"));
-        if self.fail == Some(what) { Err(format!("{what} refused").into()) } else { Ok(()) }
+        if self.fail == Some(what) {
+            Err(format!("{what} refused").into())
+        } else {
+            Ok(())
+        }
     }
 }
 
@@ -287,7 +300,10 @@ impl MemoryHook for Counting {
         self.log("malloc_pre", format!("{} {} {}", e.device_id, e.size, e.mem_size))
     }
     fn malloc_postprocess(&self, e: &MallocEvent) -> HookResult {
-        self.log("malloc_post", format!("{} {} {} {:x} {:x}", e.device_id, e.size, e.mem_size, e.mem_ptr, e.pmem_id))
+        self.log(
+            "malloc_post",
+            format!("{} {} {} {:x} {:x}", e.device_id, e.size, e.mem_size, e.mem_ptr, e.pmem_id),
+        )
     }
     fn free_preprocess(&self, e: &FreeEvent) -> HookResult {
         self.log("free_pre", format!("{} {} {:x} {:x}", e.device_id, e.mem_size, e.mem_ptr, e.pmem_id))
@@ -323,7 +339,9 @@ fn hook_calls_and_arguments_match_cupy() {
         ]
     );
     let counts: Vec<usize> =
-        ["alloc_pre", "alloc_post", "malloc_pre", "malloc_post", "free_pre", "free_post"].map(|w| count(&calls, w)).into();
+        ["alloc_pre", "alloc_post", "malloc_pre", "malloc_post", "free_pre", "free_post"]
+            .map(|w| count(&calls, w))
+            .into();
     assert_eq!(counts, [1, 1, 2, 2, 2, 2]);
 }
 
@@ -347,7 +365,9 @@ fn hooks_run_in_registration_order_for_pre_and_post() {
     }
     let a = hooks::install(Named("A", order.clone())).unwrap();
     let b = hooks::install(Named("B", order.clone())).unwrap();
-    assert!(matches!(hooks::install(Named("A", order.clone())), Err(Error::HookAlreadyRegistered(n)) if n == "A"));
+    assert!(
+        matches!(hooks::install(Named("A", order.clone())), Err(Error::HookAlreadyRegistered(n)) if n == "A")
+    );
     assert_eq!(hooks::installed(), ["A", "B"]);
     drop(pool.malloc(1).unwrap());
     assert_eq!(*order.borrow(), ["A.pre", "B.pre", "A.post", "B.post"]);
@@ -364,7 +384,8 @@ fn hooks_run_in_registration_order_for_pre_and_post() {
 fn a_failing_hook_never_leaks_or_skews_counters() {
     for phase in ["malloc_pre", "alloc_pre", "alloc_post", "malloc_post", "free_pre", "free_post"] {
         let (pool, mock) = mock_pool();
-        let hook = hooks::install(Counting { name: "failing", fail: Some(phase), ..Default::default() }).unwrap();
+        let hook =
+            hooks::install(Counting { name: "failing", fail: Some(phase), ..Default::default() }).unwrap();
         let result = pool.malloc_pooled(U);
         match phase {
             "free_pre" | "free_post" => {
@@ -396,7 +417,10 @@ fn out_of_memory_ladder_retries_three_times_then_fails_with_cupys_message() {
     assert_eq!(mock.live_bytes(), 0, "the ladder released the cached block");
     let calls = hook.calls.borrow().clone();
     assert_eq!((count(&calls, "alloc_pre"), count(&calls, "alloc_post")), (3, 3));
-    assert!(calls.iter().any(|c| c.starts_with("malloc_post") && c.ends_with(" 0 0")), "post hooks see 0 on failure");
+    assert!(
+        calls.iter().any(|c| c.starts_with("malloc_post") && c.ends_with(" 0 0")),
+        "post hooks see 0 on failure"
+    );
     assert_eq!(pool.total_bytes(), 0, "the reservation was rolled back");
 }
 
