@@ -90,7 +90,7 @@ pub use pinned::{
     RuntimePinnedAllocator,
 };
 pub use pool::{
-    round_size, DeviceAllocator, Limit, MemoryPool, PooledMemory, RawAllocator, SingleDeviceMemoryPool,
+    round_size, DeviceAllocator, GrowthPolicy, Limit, MemoryPool, PooledMemory, RawAllocator, SingleDeviceMemoryPool,
     ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
 pub use stream::{

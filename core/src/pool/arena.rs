@@ -41,6 +41,9 @@ pub(crate) struct ArenaState<B: Backend> {
     /// The pool is gone: chunks that come back release their raw blocks as soon as whole, and
     /// the last one lets the arena go (see `ArenaRef`).
     pub(crate) orphaned: bool,
+    /// Lend a free chunk only if it exceeds the request by at most an eighth (`HoldPeakInUse`):
+    /// large free chunks are not cut up for small requests.
+    pub(crate) bounded_split: bool,
     pub(crate) used_bytes: usize,
     pub(crate) free_bytes: usize,
     pub(crate) n_free: usize,
@@ -65,6 +68,7 @@ impl<B: Backend> ArenaState<B> {
             index: FreeIndex::new(),
             retired: false,
             orphaned: false,
+            bounded_split: false,
             used_bytes: 0,
             free_bytes: 0,
             n_free: 0,
@@ -115,7 +119,8 @@ impl<B: Backend> ArenaState<B> {
     /// (CuPy's split: the head is lent, the remainder stays free, unmerged).
     #[inline]
     pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
-        let (slot, found) = self.index.take_best(size)?;
+        let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
+        let (slot, found) = self.index.take_best(size, max)?;
         self.n_free -= 1;
         self.free_bytes -= found;
         self.n_lent += 1;
@@ -242,6 +247,27 @@ impl<B: Backend> ArenaState<B> {
             }
         }
         bytes
+    }
+
+    /// The free chunks that are whole raw blocks, as `(slot, size)`.
+    pub(crate) fn whole_free_blocks(&self) -> Vec<(u32, usize)> {
+        (0..self.chunks.len() as u32)
+            .filter(|&slot| {
+                let c = &self.chunks[slot as usize];
+                c.state == State::Free && c.prev == NIL && c.next == NIL
+            })
+            .map(|slot| (slot, self.chunks[slot as usize].size))
+            .collect()
+    }
+
+    /// Releases one free chunk that is a whole raw block, if it still is one.
+    pub(crate) fn release_whole(&mut self, slot: u32, size: usize) -> Option<Box<dyn BaseMemory<B>>> {
+        let c = *self.chunks.get(slot as usize)?;
+        if c.state != State::Free || c.prev != NIL || c.next != NIL || c.size != size {
+            return None;
+        }
+        self.unmark_free(slot, size);
+        Some(self.release(slot).0)
     }
 
     /// Every free chunk as `(ptr, size)`, for tests and debug dumps.

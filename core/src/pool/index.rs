@@ -115,9 +115,9 @@ impl FreeIndex {
     }
 
     /// Removes and returns the best-fitting free chunk for `size` bytes, the smallest at least as
-    /// large, with its size.
+    /// large, with its size; `None` when there is none, or when the best is larger than `max`.
     #[inline]
-    pub(crate) fn take_best(&mut self, size: usize) -> Option<(u32, usize)> {
+    pub(crate) fn take_best(&mut self, size: usize, max: usize) -> Option<(u32, usize)> {
         let bin = bin_of(size / UNIT);
         // The common case first: an exact-size bin with a chunk in it.
         if bin < SMALL_UNITS {
@@ -127,17 +127,23 @@ impl FreeIndex {
             }
         } else if let Some(slot) = self.best_in(bin, size) {
             let found = self.links[slot as usize].size;
+            if found > max {
+                return None;
+            }
             self.unlink(bin, slot);
             return Some((slot, found));
         }
-        self.take_from_above(bin, size)
+        self.take_from_above(bin, size, max)
     }
 
     #[cold]
-    fn take_from_above(&mut self, bin: usize, size: usize) -> Option<(u32, usize)> {
+    fn take_from_above(&mut self, bin: usize, size: usize, max: usize) -> Option<(u32, usize)> {
         let found = self.first_bin_above(bin)?;
         let slot = if found < SMALL_UNITS { self.heads[found] } else { self.best_in(found, size)? };
         let found_size = self.links[slot as usize].size;
+        if found_size > max {
+            return None;
+        }
         self.unlink(found, slot);
         Some((slot, found_size))
     }
@@ -206,6 +212,23 @@ impl FreeIndex {
 mod tests {
     use super::*;
 
+    impl FreeIndex {
+        fn take_best_any(&mut self, size: usize) -> Option<(u32, usize)> {
+            self.take_best(size, usize::MAX)
+        }
+    }
+
+    #[test]
+    fn a_bound_on_the_size_refuses_larger_chunks_and_keeps_them() {
+        let mut idx = index(4);
+        idx.insert(0, 64 * UNIT);
+        idx.insert(1, (SMALL_UNITS + 100) * UNIT);
+        assert_eq!(idx.take_best(8 * UNIT, 9 * UNIT), None);
+        assert_eq!(idx.take_best(SMALL_UNITS * UNIT, SMALL_UNITS * UNIT + 50 * UNIT), None);
+        assert_eq!(idx.take_best(60 * UNIT, 64 * UNIT), Some((0, 64 * UNIT)));
+        assert_eq!(idx.take_best(SMALL_UNITS * UNIT, usize::MAX), Some((1, (SMALL_UNITS + 100) * UNIT)));
+    }
+
     fn index(slots: usize) -> FreeIndex {
         let mut idx = FreeIndex::new();
         idx.grow_slots(slots);
@@ -220,12 +243,12 @@ mod tests {
         idx.insert(3, 64 * UNIT);
         idx.insert(4, SMALL_UNITS * UNIT);
         idx.insert(5, (SMALL_UNITS + 7) * UNIT);
-        assert_eq!(idx.take_best(UNIT), Some((2, 2 * UNIT)));
-        assert_eq!(idx.take_best(3 * UNIT), Some((1, 4 * UNIT)));
-        assert_eq!(idx.take_best(5 * UNIT), Some((3, 64 * UNIT)));
-        assert_eq!(idx.take_best(UNIT), Some((4, SMALL_UNITS * UNIT)));
-        assert_eq!(idx.take_best((SMALL_UNITS + 1) * UNIT), Some((5, (SMALL_UNITS + 7) * UNIT)));
-        assert_eq!(idx.take_best(UNIT), None);
+        assert_eq!(idx.take_best_any(UNIT), Some((2, 2 * UNIT)));
+        assert_eq!(idx.take_best_any(3 * UNIT), Some((1, 4 * UNIT)));
+        assert_eq!(idx.take_best_any(5 * UNIT), Some((3, 64 * UNIT)));
+        assert_eq!(idx.take_best_any(UNIT), Some((4, SMALL_UNITS * UNIT)));
+        assert_eq!(idx.take_best_any((SMALL_UNITS + 1) * UNIT), Some((5, (SMALL_UNITS + 7) * UNIT)));
+        assert_eq!(idx.take_best_any(UNIT), None);
     }
 
     #[test]
@@ -239,11 +262,11 @@ mod tests {
         for (slot, size) in [(0, UNIT), (1, last_small), (2, first_large), (3, largest)] {
             idx.insert(slot, size);
         }
-        assert_eq!(idx.take_best(last_small), Some((1, last_small)));
-        assert_eq!(idx.take_best(last_small), Some((2, first_large)));
-        assert_eq!(idx.take_best(UNIT), Some((0, UNIT)));
-        assert_eq!(idx.take_best(UNIT), Some((3, largest)));
-        assert_eq!(idx.take_best(UNIT), None);
+        assert_eq!(idx.take_best_any(last_small), Some((1, last_small)));
+        assert_eq!(idx.take_best_any(last_small), Some((2, first_large)));
+        assert_eq!(idx.take_best_any(UNIT), Some((0, UNIT)));
+        assert_eq!(idx.take_best_any(UNIT), Some((3, largest)));
+        assert_eq!(idx.take_best_any(UNIT), None);
     }
 
     #[test]
@@ -255,21 +278,21 @@ mod tests {
         idx.remove(2, UNIT); // middle
         idx.remove(3, UNIT); // head (last inserted)
         idx.remove(0, UNIT); // tail
-        assert_eq!(idx.take_best(UNIT), Some((1, UNIT)));
-        assert_eq!(idx.take_best(UNIT), None);
+        assert_eq!(idx.take_best_any(UNIT), Some((1, UNIT)));
+        assert_eq!(idx.take_best_any(UNIT), None);
         idx.insert(3, UNIT);
-        assert_eq!(idx.take_best(UNIT), Some((3, UNIT)), "an emptied bin works again");
+        assert_eq!(idx.take_best_any(UNIT), Some((3, UNIT)), "an emptied bin works again");
     }
 
     #[test]
     fn searches_cross_bitmap_words_and_summary_words() {
         let mut idx = index(8);
         idx.insert(7, (SMALL_UNITS - 1) * UNIT);
-        assert_eq!(idx.take_best((SMALL_UNITS - 2) * UNIT), Some((7, (SMALL_UNITS - 1) * UNIT)));
-        assert_eq!(idx.take_best((SMALL_UNITS - 2) * UNIT), None);
+        assert_eq!(idx.take_best_any((SMALL_UNITS - 2) * UNIT), Some((7, (SMALL_UNITS - 1) * UNIT)));
+        assert_eq!(idx.take_best_any((SMALL_UNITS - 2) * UNIT), None);
         let huge = (1usize << 60) / UNIT * UNIT;
         idx.insert(6, huge);
-        assert_eq!(idx.take_best(UNIT), Some((6, huge)), "found through the second summary word");
+        assert_eq!(idx.take_best_any(UNIT), Some((6, huge)), "found through the second summary word");
     }
 
     #[test]
@@ -281,11 +304,11 @@ mod tests {
         idx.insert(2, 65 * mib);
         idx.insert(3, 66 * mib);
         idx.insert(4, 100 * mib);
-        assert_eq!(idx.take_best(64 * mib + UNIT), Some((2, 65 * mib)));
-        assert_eq!(idx.take_best(66 * mib), Some((3, 66 * mib)), "an exact size is taken first");
-        assert_eq!(idx.take_best(68 * mib), Some((4, 100 * mib)), "none fits in the class: the next one");
-        assert_eq!(idx.take_best(3 * mib), Some((1, 67 * mib)));
-        assert_eq!(idx.take_best(UNIT), None);
+        assert_eq!(idx.take_best_any(64 * mib + UNIT), Some((2, 65 * mib)));
+        assert_eq!(idx.take_best_any(66 * mib), Some((3, 66 * mib)), "an exact size is taken first");
+        assert_eq!(idx.take_best_any(68 * mib), Some((4, 100 * mib)), "none fits in the class: the next one");
+        assert_eq!(idx.take_best_any(3 * mib), Some((1, 67 * mib)));
+        assert_eq!(idx.take_best_any(UNIT), None);
     }
 
     #[test]

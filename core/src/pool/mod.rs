@@ -40,7 +40,7 @@ mod sync;
 use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -99,6 +99,27 @@ where
     }
 }
 
+/// How a pool trades memory held from the device against calls to the raw allocator.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum GrowthPolicy {
+    /// CuPy's rule: cached blocks stay until an allocation cannot be served (or
+    /// `free_all_blocks` is called). Fewest raw calls; the cache can hold much more than is in use,
+    /// most of all with several streams, whose arenas do not share.
+    #[default]
+    CacheUntilOutOfMemory,
+    /// Before asking the raw allocator for a new block, release the cached whole blocks of every
+    /// arena. The pool then holds little more than what is in use (plus the free parts of split
+    /// blocks), at the price of raw frees and allocations on misses: a cache hit costs the same.
+    ReleaseBeforeGrow,
+    /// Hold little more than the most memory in use at once so far (as seen at misses). Before a
+    /// new block, release cached whole blocks, largest first, just enough for that; and lend a
+    /// cached chunk only if it exceeds the request by at most an eighth, so large free blocks are
+    /// not cut up for small requests (their remainders would pin them). A program whose use peaks
+    /// at the same level each iteration (a training loop) keeps its cache; one whose pattern
+    /// wanders does not pile up memory. gpumem's lowest-fragmentation policy (see BENCHMARKS.md).
+    HoldPeakInUse,
+}
+
 /// Which arena a stream's allocations go to: the stream's raw handle, or a per-thread number for
 /// the per-thread default stream (whose raw value, 2, is the same on every thread).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -127,6 +148,10 @@ struct Shared<B: Backend> {
     total_bytes: AtomicUsize,
     /// 0: unlimited.
     limit: AtomicUsize,
+    /// `GrowthPolicy` as 0, 1 or 2.
+    policy: AtomicU8,
+    /// The most bytes seen in use at once, sampled at misses (`HoldPeakInUse`).
+    peak_in_use: AtomicUsize,
 }
 
 pub(crate) struct Arena<B: Backend> {
@@ -213,6 +238,8 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
                 allocator,
                 total_bytes: AtomicUsize::new(0),
                 limit: AtomicUsize::new(0),
+                policy: AtomicU8::new(0),
+                peak_in_use: AtomicUsize::new(0),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -344,10 +371,12 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     fn arena_in_map(&self, key: ArenaKey) -> Arc<Arena<B>> {
         let mut arenas = self.arenas.lock();
         Arc::clone(arenas.entry(key).or_insert_with(|| {
+            let mut state = ArenaState::new();
+            state.bounded_split = self.growth_policy() == GrowthPolicy::HoldPeakInUse;
             Arc::new(Arena {
                 uid: self.next_arena.fetch_add(1, Ordering::Relaxed),
                 shared: Arc::clone(&self.shared),
-                state: ArenaLock::new(ArenaState::new()),
+                state: ArenaLock::new(state),
             })
         }))
     }
@@ -356,6 +385,18 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     /// lend all of it from the current stream's arena.
     #[cold]
     fn grow(&self, mem_size: usize, hooked: bool) -> Result<PooledMemory<B>> {
+        match self.growth_policy() {
+            GrowthPolicy::CacheUntilOutOfMemory => {}
+            GrowthPolicy::ReleaseBeforeGrow => self.free_all_blocks(None),
+            GrowthPolicy::HoldPeakInUse => {
+                let in_use = self.used_bytes() + mem_size;
+                let peak = self.shared.peak_in_use.fetch_max(in_use, Ordering::Relaxed).max(in_use);
+                let excess = (self.total_bytes() + mem_size).saturating_sub(peak);
+                if excess > 0 {
+                    self.release_cached(excess);
+                }
+            }
+        }
         self.reserve(mem_size)?;
         let mem = match self.allocate_raw(mem_size, hooked) {
             Ok(mem) => mem,
@@ -483,6 +524,31 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         self.free_all_blocks(None);
     }
 
+    /// Releases cached whole blocks of any arena, largest first, until at least `bytes` are
+    /// released or none is left.
+    fn release_cached(&self, bytes: usize) {
+        let arenas: Vec<Arc<Arena<B>>> = self.arenas.lock().values().cloned().collect();
+        let mut candidates: Vec<(usize, u32, usize)> = Vec::new();
+        for (i, arena) in arenas.iter().enumerate() {
+            let st = arena.state.lock();
+            candidates.extend(st.whole_free_blocks().into_iter().map(|(slot, size)| (size, slot, i)));
+        }
+        candidates.sort_unstable_by(|a, b| b.cmp(a));
+        let mut released = Vec::new();
+        let mut done = 0;
+        for (size, slot, i) in candidates {
+            if done >= bytes {
+                break;
+            }
+            if let Some(mem) = arenas[i].state.lock().release_whole(slot, size) {
+                self.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
+                released.push(mem);
+                done += size;
+            }
+        }
+        drop(released);
+    }
+
     fn sum_arenas(&self, f: impl Fn(&ArenaState<B>) -> usize) -> usize {
         let arenas: Vec<Arc<Arena<B>>> = self.arenas.lock().values().cloned().collect();
         arenas.iter().map(|a| f(&a.state.lock())).sum()
@@ -534,6 +600,25 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     #[must_use]
     pub fn get_limit(&self) -> usize {
         self.shared.limit.load(Ordering::Relaxed)
+    }
+
+    /// Sets how the pool grows (CuPy's rule by default).
+    pub fn set_growth_policy(&self, policy: GrowthPolicy) {
+        let map = self.arenas.lock();
+        self.shared.policy.store(policy as u8, Ordering::Relaxed);
+        for arena in map.values() {
+            arena.state.lock().bounded_split = policy == GrowthPolicy::HoldPeakInUse;
+        }
+    }
+
+    /// How the pool grows.
+    #[must_use]
+    pub fn growth_policy(&self) -> GrowthPolicy {
+        match self.shared.policy.load(Ordering::Relaxed) {
+            0 => GrowthPolicy::CacheUntilOutOfMemory,
+            1 => GrowthPolicy::ReleaseBeforeGrow,
+            _ => GrowthPolicy::HoldPeakInUse,
+        }
     }
 
     /// The free chunks of the current stream's arena as `(ptr, size)`, for debugging.
