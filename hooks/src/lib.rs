@@ -3,6 +3,8 @@
 //! - [`DebugPrintHook`] prints one JSON line for each raw allocation, pool allocation and free,
 //!   in CuPy's format to the byte, fast enough to leave on (tens of nanoseconds a line into a
 //!   buffered writer).
+//! - [`LineProfileHook`] attributes the bytes asked of the pool, and the bytes the pool took from
+//!   the device, to the call sites along the user's call stack, and prints CuPy's report.
 //!
 //! A hook is installed on the calling thread with [`gpumem_core::hooks::install`] and removed
 //! when the returned guard is dropped (Python's `with hook:`). The guard dereferences to the
@@ -51,5 +53,9 @@
 #![deny(unsafe_code)]
 
 mod debug_print;
+mod line_profile;
+mod stack;
 
 pub use debug_print::DebugPrintHook;
+pub use line_profile::{humanized_size, LineProfileHook, ProfileEntry};
+pub use stack::StackFrame;
