@@ -43,13 +43,15 @@ use crate::stack::{StackCapture, StackFrame};
 /// This is a profiling tool:
 ///
 /// - every `malloc` (and every cache miss) walks the stack: a few microseconds, against the
-///   pool's tens of nanoseconds;
+///   pool's tens of nanoseconds (about 4 µs for a stack of some twenty frames on a 2-core VM,
+///   `benches/line_profile.rs`);
 /// - the first event symbolises: loading the debug info takes tens to hundreds of milliseconds;
 ///   each new return address is then symbolised once (microseconds) and cached;
 /// - file and line numbers need debug info (`debug = "line-tables-only"` or more in the profile
 ///   that builds the program). Without it frames keep their function name, with file `??` and
-///   line 0, and calls from one function merge into one node; frames with no symbol at all are
-///   dropped. Inlined calls are recovered from the debug info when it is there.
+///   line 0, and calls from one function merge into one node; a function inlined into its
+///   caller has no frame of its own (one inlined into the standard library disappears with it);
+///   frames with no symbol at all are dropped. With debug info, inlined calls are recovered.
 ///
 /// `max_depth` limits the tree as in CuPy: `max_depth = N` keeps the `N - 1` outermost levels of
 /// frames below the root (1: the root only); 0 keeps every level. With `max_depth = 1` no stack
