@@ -1,1 +1,61 @@
-//! gpumem hooks
+//! gpumem's memory hooks: CuPy's `cupy.cuda.memory_hooks`.
+//!
+//! - [`DebugPrintHook`] prints one JSON line for each raw allocation, pool allocation and free,
+//!   in CuPy's format to the byte, fast enough to leave on (tens of nanoseconds a line into a
+//!   buffered writer).
+//! - [`LineProfileHook`] attributes the bytes asked of the pool, and the bytes the pool took from
+//!   the device, to the call sites along the user's call stack, and prints CuPy's report.
+//!
+//! A hook is installed on the calling thread with [`gpumem_core::hooks::install`] and removed
+//! when the returned guard is dropped (Python's `with hook:`). The guard dereferences to the
+//! hook, and [`HookGuard::into_inner`](gpumem_core::HookGuard::into_inner) gives it back with
+//! what it recorded. Only the pools call hooks, and only on the thread that installed them.
+//!
+//! # Example
+//!
+//! CuPy's `DebugPrintHook` example: allocate the 24 bytes of a 3-element `int64` array from a
+//! pool with the hook installed, then free them. The pool rounds the request to 512 bytes, takes
+//! a new block from the device (`alloc`), lends it (`malloc`), and gets it back (`free`):
+//!
+//! ```
+//! use gpumem_core::hooks::install;
+//! use gpumem_core::host::Host;
+//! use gpumem_core::MemoryPool;
+//! use gpumem_hooks::DebugPrintHook;
+//!
+//! let pool = MemoryPool::<Host>::new();
+//! let hook = install(DebugPrintHook::new(Vec::new()))?; // DebugPrintHook::stdout() prints
+//! let x = pool.malloc(3 * std::mem::size_of::<i64>())?;
+//! let ptr = x.ptr();
+//! drop(x);
+//! let out = String::from_utf8(hook.into_inner().into_inner()).unwrap();
+//!
+//! let lines: Vec<&str> = out.lines().collect();
+//! assert_eq!(lines[0], format!(r#"{{"hook":"alloc","device_id":0,"mem_size":512,"mem_ptr":{ptr}}}"#));
+//! assert!(lines[1].starts_with(&format!(
+//!     r#"{{"hook":"malloc","device_id":0,"size":24,"mem_size":512,"mem_ptr":{ptr},"pmem_id":"0x"#
+//! )));
+//! assert!(lines[2].starts_with(&format!(
+//!     r#"{{"hook":"free","device_id":0,"mem_size":512,"mem_ptr":{ptr},"pmem_id":"0x"#
+//! )));
+//! assert_eq!(lines.len(), 3);
+//! # Ok::<(), gpumem_core::Error>(())
+//! ```
+//!
+//! which prints (addresses and ids differ from run to run):
+//!
+//! ```text
+//! {"hook":"alloc","device_id":0,"mem_size":512,"mem_ptr":150496608256}
+//! {"hook":"malloc","device_id":0,"size":24,"mem_size":512,"mem_ptr":150496608256,"pmem_id":"0x7f39200c5278"}
+//! {"hook":"free","device_id":0,"mem_size":512,"mem_ptr":150496608256,"pmem_id":"0x7f39200c5278"}
+//! ```
+
+#![deny(unsafe_code)]
+
+mod debug_print;
+mod line_profile;
+mod stack;
+
+pub use debug_print::DebugPrintHook;
+pub use line_profile::{humanized_size, LineProfileHook, ProfileEntry};
+pub use stack::StackFrame;
