@@ -44,6 +44,11 @@
 //! | stream capture and graphs | yes | yes | no: [`Error::Unsupported`] |
 //! | stream-ordered allocator | yes | yes (`cuMemAllocAsync`) | where the runtime has it |
 
+/// The README's examples, run as doc tests.
+#[doc = include_str!("../README.md")]
+#[cfg(doctest)]
+pub struct ReadmeDoctests;
+
 pub use gpumem_core as core;
 pub use gpumem_core::backend::{
     Backend, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, MemInfo,
@@ -54,7 +59,7 @@ pub use gpumem_core::{
     round_size, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, HookError, Limit, PinnedAllocator,
     PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
-// hooks re-export added once the hooks crate lands
+pub use gpumem_hooks::{DebugPrintHook, LineProfileHook};
 
 /// The host backend (always available).
 pub use gpumem_core::host;

@@ -90,8 +90,8 @@ pub use pinned::{
     RuntimePinnedAllocator,
 };
 pub use pool::{
-    round_size, DeviceAllocator, GrowthPolicy, Limit, MemoryPool, PooledMemory, RawAllocator, SingleDeviceMemoryPool,
-    ALLOCATION_UNIT_SIZE, LIMIT_ENV,
+    round_size, DeviceAllocator, GrowthPolicy, Limit, MemoryPool, PooledMemory, RawAllocator,
+    SingleDeviceMemoryPool, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
 pub use stream::{
     ExternalStream, Stream, StreamGuard, StreamOptions, LEGACY_STREAM_PTR, NULL_STREAM_PTR,
