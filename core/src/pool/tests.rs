@@ -517,6 +517,49 @@ fn multi_thread_stress_has_no_overlap_and_counters_add_up() {
     assert_eq!((pool.total_bytes(), pool.n_free_blocks()), (0, 0));
 }
 
+#[test]
+fn growth_policies() {
+    // CuPy's rule: the cache stays; a larger request adds to it.
+    let (pool, mock) = mock_pool();
+    assert_eq!(pool.growth_policy(), GrowthPolicy::CacheUntilOutOfMemory);
+    drop(pool.malloc(4 * U).unwrap());
+    drop(pool.malloc(8 * U).unwrap());
+    assert_eq!(mock.live_bytes(), 12 * U);
+    // A larger free chunk is cut for a small request: no new block.
+    let cut = pool.malloc(U).unwrap();
+    assert_eq!((mock.live_bytes(), pool.n_free_blocks()), (12 * U, 2));
+    drop(cut);
+
+    // Release before grow: a miss first releases every cached whole block.
+    let (pool, mock) = mock_pool();
+    pool.set_growth_policy(GrowthPolicy::ReleaseBeforeGrow);
+    drop(pool.malloc(4 * U).unwrap());
+    let p = pool.malloc(8 * U).unwrap();
+    assert_eq!((mock.live_bytes(), pool.total_bytes()), (8 * U, 8 * U));
+    drop(p);
+    assert_eq!(pool.malloc(8 * U).unwrap().mem().size(), 8 * U, "hits still come from the cache");
+
+    // Hold peak in use: the cache is kept up to the most ever in use, and large chunks are not cut.
+    let (pool, mock) = mock_pool();
+    pool.set_growth_policy(GrowthPolicy::HoldPeakInUse);
+    let a = pool.malloc(4 * U).unwrap();
+    let b = pool.malloc(4 * U).unwrap();
+    drop((a, b));
+    assert_eq!(mock.live_bytes(), 8 * U, "peak in use was 8 units: both stay cached");
+    let c = pool.malloc(8 * U).unwrap();
+    assert_eq!(mock.live_bytes(), 8 * U, "an 8-unit miss releases both cached blocks first");
+    drop(c);
+    let small = pool.malloc(U).unwrap();
+    assert_eq!(mock.live_bytes(), U, "the 8-unit block is not cut for 1 unit; released to stay at the peak");
+    let fits = pool.malloc(U).unwrap();
+    drop(small);
+    let again = pool.malloc(U).unwrap();
+    assert_eq!(pool.n_free_blocks(), 0);
+    drop((fits, again));
+    pool.set_growth_policy(GrowthPolicy::CacheUntilOutOfMemory);
+    assert_eq!(pool.growth_policy(), GrowthPolicy::CacheUntilOutOfMemory);
+}
+
 mod model {
     //! The pool against a simple model: per-arena lists of free chunks, best fit by linear
     //! search, explicit split and merge.
@@ -662,6 +705,43 @@ mod model {
             for (c, arena) in std::mem::take(&mut model.lent) {
                 model.give_back(c, arena);
             }
+            pool.free_all_blocks(None);
+            prop_assert_eq!((pool.total_bytes(), pool.n_free_blocks(), mock.live_bytes()), (0, 0, 0));
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 32, ..ProptestConfig::default() })]
+        /// The other growth policies keep every invariant that does not depend on which chunk is
+        /// chosen.
+        #[test]
+        fn every_policy_keeps_the_invariants(
+            steps in proptest::collection::vec(step(), 1..160),
+            hold_peak in any::<bool>(),
+        ) {
+            let (pool, mock) = mock_pool();
+            pool.set_growth_policy(if hold_peak { GrowthPolicy::HoldPeakInUse } else { GrowthPolicy::ReleaseBeforeGrow });
+            let streams: Vec<Stream<Host>> =
+                std::iter::once(Stream::null()).chain((0..3).map(|_| Stream::non_blocking().unwrap())).collect();
+            let mut lent: Vec<crate::MemoryPointer<Host>> = Vec::new();
+            for step in steps {
+                match step {
+                    Step::Alloc { stream, size } => {
+                        let _g = streams[stream].enter().unwrap();
+                        lent.push(pool.malloc(size).unwrap());
+                    }
+                    Step::Free { pick } if !lent.is_empty() => drop(lent.swap_remove(pick % lent.len())),
+                    Step::Free { .. } => {}
+                    Step::FreeAll { stream } => pool.free_all_blocks(stream.map(|s| &streams[s])),
+                }
+                let mut spans: Vec<(usize, usize)> = lent.iter().filter(|p| p.ptr() != 0).map(|p| (p.ptr(), p.ptr() + p.mem().size())).collect();
+                spans.sort_unstable();
+                prop_assert!(spans.windows(2).all(|w| w[0].1 <= w[1].0), "lent chunks overlap");
+                prop_assert_eq!(pool.used_bytes(), lent.iter().map(|p| p.mem().size()).sum::<usize>());
+                prop_assert_eq!(pool.total_bytes(), mock.live_bytes());
+                prop_assert_eq!(pool.free_bytes(), pool.total_bytes() - pool.used_bytes());
+            }
+            drop(lent);
             pool.free_all_blocks(None);
             prop_assert_eq!((pool.total_bytes(), pool.n_free_blocks(), mock.live_bytes()), (0, 0, 0));
         }
