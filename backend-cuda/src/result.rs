@@ -139,12 +139,17 @@ impl InitFailure {
     fn to_error(self) -> Error {
         match self {
             InitFailure::NoLibrary => {
-                let mut tried = cudarc::get_lib_name_candidates("cuda");
-                tried.extend(cudarc::get_lib_name_candidates("nvcuda"));
+                // cudarc tries these names (and the same for `nvcuda`), some of them twice.
+                let mut tried: Vec<String> = Vec::new();
+                for name in cudarc::get_lib_name_candidates("cuda") {
+                    if !tried.contains(&name) {
+                        tried.push(name);
+                    }
+                }
                 Error::DriverNotFound {
                     backend: BACKEND,
                     detail: format!(
-                        "the NVIDIA driver library (libcuda) could not be loaded; tried {}",
+                        "the NVIDIA driver library (libcuda) could not be loaded; tried {} (and nvcuda)",
                         tried.join(", ")
                     ),
                 }
