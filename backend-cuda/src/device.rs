@@ -54,6 +54,8 @@ fn devices() -> Result<&'static Devices> {
     }
 }
 
+/// Counts the devices and gets each one's handle; a failure is kept with the entry point that
+/// failed.
 fn enumerate() -> std::result::Result<Devices, (&'static str, CUresult)> {
     let mut count: c_int = 0;
     // SAFETY: `init` succeeded (checked by the caller); `count` is a valid out-pointer.
@@ -129,6 +131,7 @@ fn context(slot: &DeviceSlot) -> Result<CUcontext> {
     retain(slot)
 }
 
+/// Retains the device's primary context, once per process (the slow path of [`context`]).
 #[cold]
 fn retain(slot: &DeviceSlot) -> Result<CUcontext> {
     let devices = devices()?;

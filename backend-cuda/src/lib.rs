@@ -62,7 +62,7 @@
 //!   threshold raised to the maximum on first use so freed memory stays cached in the driver.
 //! - Host functions go to `cuLaunchHostFunc` as given (gpumem's `HostFn` is exactly the driver's
 //!   function type) and are captured into graphs like any work. One-shot callbacks go through
-//!   `cuStreamAddCallback` and a trampoline that never unwinds and makes no driver call.
+//!   `cuStreamAddCallback` and a trampoline that never unwinds.
 //! - Capture uses `cuStreamBeginCapture` with the mode asked for (relaxed by default, as CuPy),
 //!   `cuStreamEndCapture` and `cuGraphInstantiateWithFlags(.., 0)`; capture status comes from
 //!   `cuStreamIsCapturing`.

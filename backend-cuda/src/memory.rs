@@ -146,6 +146,7 @@ fn prepare_async_pool(slot: &DeviceSlot) -> Result<()> {
     }
 }
 
+/// Sets the release threshold of the device's default memory pool to `u64::MAX`.
 fn raise_release_threshold(slot: &DeviceSlot) -> Result<()> {
     let mut pool: CUmemoryPool = ptr::null_mut();
     // SAFETY: the driver is initialised; the handle is the driver's; `pool` is a valid

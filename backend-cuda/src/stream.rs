@@ -268,8 +268,13 @@ pub(crate) fn add_callback(dev: DeviceId, stream: CudaStream, callback: StreamCa
 ///
 /// Nothing unwinds out of it: the callback and its drop run inside `catch_unwind` (the typed
 /// layer's callbacks already catch their panics; this is the last line), and a caught payload is
-/// leaked rather than dropped, since its drop could panic too. It makes no driver call, as CUDA
-/// requires of callbacks: an error status is named from the binding.
+/// leaked rather than dropped, since its drop could panic too.
+///
+/// CUDA forbids driver calls in callbacks because they could wait on the stream's own work. The
+/// one made here for an error status, `cuGetErrorName`/`cuGetErrorString`, only looks the code up
+/// in the driver's static tables; if the driver refused it, the error would carry a plain name.
+/// The status is never matched as a Rust enum: a newer driver may report codes the 12.0 bindings
+/// do not declare (`CUDA_ERROR_CONTAINED`, for one).
 ///
 /// # Safety
 ///
@@ -280,14 +285,7 @@ unsafe extern "C" fn callback_trampoline(_stream: CUstream, status: CUresult, da
         // SAFETY: guaranteed by the caller (see above): we take back the box `add_callback` gave
         // out.
         let callback = unsafe { Box::from_raw(data.cast::<StreamCallback>()) };
-        let status = match code(status) {
-            SUCCESS => Ok(()),
-            _ => Err(result::error_without_driver(
-                "cuStreamAddCallback",
-                status,
-                "the stream's work failed before the callback ran",
-            )),
-        };
+        let status = check("cuStreamAddCallback", status);
         callback(status);
     }));
     if let Err(payload) = outcome {

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use cudarc::driver::sys::{self, CUresult, CUstream};
+use cudarc::driver::sys::{self, CUstream};
 use gpumem_core::{
     get_elapsed_time, Backend, CaptureMode, CaptureStatus, Device, Error, Event, EventFlags, ExternalStream,
     Memory, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamFlags,
@@ -181,7 +181,7 @@ fn external_stream_from_raw_driver_handle() {
     let mut raw: CUstream = std::ptr::null_mut();
     // SAFETY: device 0's primary context is current on this thread; `raw` is a valid out-pointer.
     let r = unsafe { sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
-    assert_eq!(r, CUresult::CUDA_SUCCESS, "cuStreamCreate");
+    assert_eq!(r as u32, 0, "cuStreamCreate");
     assert!(!raw.is_null());
 
     let src = MemoryPointer::from_memory(Memory::<Cuda>::new(N).expect("malloc src"));
@@ -206,7 +206,7 @@ fn external_stream_from_raw_driver_handle() {
     // Dropping the wrapper left the stream alive: the driver still knows it, and gpumem can use
     // it again.
     // SAFETY: `raw` is still a live stream.
-    assert_eq!(unsafe { sys::cuStreamQuery(raw) }, CUresult::CUDA_SUCCESS);
+    assert_eq!(unsafe { sys::cuStreamQuery(raw) } as u32, 0, "cuStreamQuery");
     {
         // SAFETY: as above.
         let again = unsafe { ExternalStream::<Cuda>::from_ptr(raw.addr(), Some(0)) };
@@ -215,7 +215,7 @@ fn external_stream_from_raw_driver_handle() {
         assert!(read_back(&dst, N).iter().all(|&x| x == 9));
     }
     // SAFETY: the test created `raw` and nothing uses it any more; destroyed once.
-    assert_eq!(unsafe { sys::cuStreamDestroy_v2(raw) }, CUresult::CUDA_SUCCESS);
+    assert_eq!(unsafe { sys::cuStreamDestroy_v2(raw) } as u32, 0, "cuStreamDestroy_v2");
 }
 
 /// Device-to-device copies between two GPUs, synchronous and asynchronous. Needs two GPUs and
