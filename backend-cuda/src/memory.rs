@@ -1,0 +1,249 @@
+//! Memory: device allocations, pinned host allocations, the stream-ordered allocator, and the
+//! copies and memsets between them.
+//!
+//! Which calls block the host, as CUDA defines it: `cuMemcpy` returns once the copy is done for
+//! device-to-host and pinned host-to-device copies, once the source is staged for pageable
+//! host-to-device copies, and *before* the copy is done for device-to-device copies; `cuMemsetD8`
+//! returns before the memset is done for device memory. The contract promises that a synchronous
+//! copy is done when it returns, and gpumem's synchronous memset does the same, so both wait for
+//! the legacy default stream after queueing on it. Without that, work on a non-blocking stream
+//! (which does not wait for the legacy stream) could see the bytes before the copy or memset
+//! wrote them, and a pooled block could be reused under a memset still in flight.
+
+use std::ffi::c_void;
+use std::ptr;
+
+use cudarc::driver::sys::{self, CUdevice_attribute, CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
+use gpumem_core::{DeviceId, DevicePtr, Error, Result};
+
+use crate::device::{self, make_current, DeviceSlot};
+use crate::result::{check, check_alloc, BACKEND};
+use crate::stream::CudaStream;
+
+/// A gpumem address as the driver's `CUdeviceptr` (both are 64-bit; see the crate's pointer-width
+/// check).
+#[inline]
+fn dptr(ptr: DevicePtr) -> CUdeviceptr {
+    ptr as CUdeviceptr
+}
+
+/// Allocates `size` bytes of device memory on `dev` (`cuMemAlloc`, 256-byte aligned or more).
+///
+/// # Errors
+///
+/// `OutOfMemory`; the driver's error.
+pub(crate) fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+    make_current(dev)?;
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer.
+    check_alloc("cuMemAlloc_v2", unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, size)?;
+    Ok(ptr as DevicePtr)
+}
+
+/// Frees memory from [`malloc`]. `cuMemFree` waits for the device's work first.
+///
+/// # Safety
+///
+/// `ptr` came from `malloc(dev, _)` and is freed once.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: the caller guarantees `ptr` is a live allocation of this context, freed once.
+    check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(dptr(ptr)) })
+}
+
+/// Allocates `size` bytes of pinned host memory, portable (usable from every context), as CuPy's
+/// `_malloc` for pinned memory (`hostAllocPortable`).
+///
+/// # Errors
+///
+/// `OutOfMemory`; the driver's error.
+pub(crate) fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
+    make_current(dev)?;
+    let mut ptr: *mut c_void = ptr::null_mut();
+    // SAFETY: a context is current; `ptr` is a valid out-pointer; the flag is the driver's.
+    let r = unsafe { sys::cuMemHostAlloc(&mut ptr, size, sys::CU_MEMHOSTALLOC_PORTABLE) };
+    check_alloc("cuMemHostAlloc", r, size)?;
+    Ok(ptr.cast::<u8>())
+}
+
+/// Frees memory from [`malloc_host`].
+///
+/// # Safety
+///
+/// `ptr` came from `malloc_host` and is freed once.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: the caller guarantees `ptr` is a live pinned allocation, freed once.
+    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast::<c_void>()) })
+}
+
+/// Allocates `size` bytes from `dev`'s default memory pool, ordered on `stream`.
+///
+/// # Errors
+///
+/// `Unsupported` on a device without memory pools; `OutOfMemory`; the driver's error.
+pub(crate) fn malloc_async(dev: DeviceId, size: usize, stream: CudaStream) -> Result<DevicePtr> {
+    let slot = make_current(dev)?;
+    prepare_async_pool(slot)?;
+    let mut ptr: CUdeviceptr = 0;
+    // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer; the stream handle is
+    // live (the `Backend` contract).
+    let r = unsafe { sys::cuMemAllocAsync(&mut ptr, size, stream.as_raw()) };
+    check_alloc("cuMemAllocAsync", r, size)?;
+    Ok(ptr as DevicePtr)
+}
+
+/// Frees memory from [`malloc_async`], ordered on `stream`.
+///
+/// # Safety
+///
+/// `ptr` came from `malloc_async` and is freed once, after the work that uses it on `stream`.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: CudaStream) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
+    // stream handle is live.
+    check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(dptr(ptr), stream.as_raw()) })
+}
+
+/// Checks that the device has a stream-ordered allocator and, the first time, raises its default
+/// pool's release threshold to `u64::MAX`.
+///
+/// The threshold is how many free bytes the pool keeps at a synchronisation; its default is 0, so
+/// every stream, event or context synchronisation hands all free memory back to the driver, and
+/// the next `cuMemAllocAsync` maps it again, which is slower than `cuMemAlloc`. With the
+/// threshold at its maximum the pool keeps its memory, as CuPy's `MemoryAsyncPool` does by
+/// default, until it is trimmed.
+fn prepare_async_pool(slot: &DeviceSlot) -> Result<()> {
+    let supported = match slot.async_pool.get() {
+        Some(&supported) => supported,
+        None => {
+            let supported =
+                device::attribute(slot, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0;
+            if supported {
+                raise_release_threshold(slot)?;
+            }
+            // Two threads may both get here; raising the threshold twice is harmless.
+            let _ = slot.async_pool.set(supported);
+            supported
+        }
+    };
+    if supported {
+        Ok(())
+    } else {
+        Err(Error::Unsupported { operation: "malloc_async", backend: BACKEND })
+    }
+}
+
+/// Sets the release threshold of the device's default memory pool to `u64::MAX`.
+fn raise_release_threshold(slot: &DeviceSlot) -> Result<()> {
+    let mut pool: CUmemoryPool = ptr::null_mut();
+    // SAFETY: the driver is initialised; the handle is the driver's; `pool` is a valid
+    // out-pointer.
+    check("cuDeviceGetDefaultMemPool", unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, slot.handle) })?;
+    let mut threshold: u64 = u64::MAX;
+    // SAFETY: `pool` is the device's default pool; the release threshold is read from a
+    // `cuuint64_t`, which `threshold` is, and only during the call.
+    check("cuMemPoolSetAttribute", unsafe {
+        sys::cuMemPoolSetAttribute(
+            pool,
+            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            (&mut threshold as *mut u64).cast::<c_void>(),
+        )
+    })
+}
+
+/// Waits for the legacy default stream of the current context: what makes the synchronous copy
+/// and memset done when they return (see the module docs).
+fn wait_for_legacy_stream(api: &'static str) -> Result<()> {
+    // SAFETY: the caller made a context current; the legacy stream handle is always valid.
+    check(api, unsafe { sys::cuStreamSynchronize(CudaStream::LEGACY.as_raw()) })
+}
+
+/// Copies `n` bytes on the legacy default stream, direction inferred (unified addressing), and
+/// returns when the copy is done.
+///
+/// # Safety
+///
+/// Both ranges are valid for the copy and do not overlap.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: `dev`'s context is current; the caller guarantees both ranges.
+    check("cuMemcpy", unsafe { sys::cuMemcpy(dptr(dst), dptr(src), n) })?;
+    wait_for_legacy_stream("cuStreamSynchronize")
+}
+
+/// Copies `n` bytes, ordered on `stream`.
+///
+/// # Safety
+///
+/// Both ranges stay valid until the stream reaches the copy; host memory is pinned.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn memcpy_async(
+    dev: DeviceId,
+    dst: DevicePtr,
+    src: DevicePtr,
+    n: usize,
+    stream: CudaStream,
+) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: `dev`'s context is current; the caller guarantees both ranges until the stream
+    // reaches the copy; the stream handle is live.
+    check("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dptr(dst), dptr(src), n, stream.as_raw()) })
+}
+
+/// Sets `n` bytes to `value` on the legacy default stream and returns when that is done.
+///
+/// # Safety
+///
+/// `dst..dst + n` is writable device memory.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: `dev`'s context is current; the caller guarantees the range.
+    check("cuMemsetD8_v2", unsafe { sys::cuMemsetD8_v2(dptr(dst), value, n) })?;
+    wait_for_legacy_stream("cuStreamSynchronize")
+}
+
+/// Sets `n` bytes to `value`, ordered on `stream`.
+///
+/// # Safety
+///
+/// `dst..dst + n` stays writable device memory until the stream reaches the memset.
+///
+/// # Errors
+///
+/// The driver's error.
+pub(crate) unsafe fn memset_async(
+    dev: DeviceId,
+    dst: DevicePtr,
+    value: u8,
+    n: usize,
+    stream: CudaStream,
+) -> Result<()> {
+    make_current(dev)?;
+    // SAFETY: `dev`'s context is current; the caller guarantees the range until the stream
+    // reaches the memset; the stream handle is live.
+    check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dptr(dst), value, n, stream.as_raw()) })
+}

@@ -1,0 +1,348 @@
+//! The checked-call layer over cudarc's raw bindings: loading the driver, `cuInit`, and turning a
+//! `CUresult` into gpumem's [`Error`].
+//!
+//! cudarc's `sys` layer panics when libcuda is missing (`culib()`) and when an entry point is
+//! missing (its lazy `load()`), so nothing in this crate calls a `sys` function before [`init`]
+//! has succeeded: it checks that the library loads, that it exports every entry point in
+//! [`SYMBOLS`], and calls `cuInit(0)`, once per process.
+//!
+//! Codes are handled as integers. cudarc types `CUresult` as a Rust enum, but a driver newer than
+//! the 12.0 bindings can return codes they do not declare (`CUDA_ERROR_CONTAINED`, 226, from
+//! 12.8, for one). So a value the driver hands back is converted to its integer at once, and it is
+//! never matched or formatted as the enum, nor is an integer ever turned back into the enum; the
+//! driver names it (`cuGetErrorName`).
+
+use std::ffi::{c_char, CStr};
+use std::sync::OnceLock;
+
+use cudarc::driver::sys::{self, CUresult};
+use gpumem_core::{Error, Result};
+
+/// The backend's name in errors.
+pub(crate) const BACKEND: &str = "cuda";
+
+/// `CUDA_SUCCESS`.
+pub(crate) const SUCCESS: u32 = 0;
+/// `CUDA_ERROR_INVALID_VALUE`: also what `cuPointerGetAttribute` answers for host memory the
+/// driver does not know.
+pub(crate) const ERROR_INVALID_VALUE: u32 = 1;
+/// `CUDA_ERROR_OUT_OF_MEMORY`.
+pub(crate) const ERROR_OUT_OF_MEMORY: u32 = 2;
+/// `CUDA_ERROR_STUB_LIBRARY`: the libcuda found is the toolkit's link stub, not a driver.
+pub(crate) const ERROR_STUB_LIBRARY: u32 = 34;
+/// `CUDA_ERROR_NO_DEVICE`.
+pub(crate) const ERROR_NO_DEVICE: u32 = 100;
+/// `CUDA_ERROR_NOT_READY`: a query found work still pending.
+pub(crate) const ERROR_NOT_READY: u32 = 600;
+/// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
+pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
+
+/// Every driver entry point this crate calls, by the symbol name cudarc's `cuda-12000` bindings
+/// load. [`init`] checks that the driver exports each, so an old driver is reported as an error
+/// instead of a panic inside cudarc. A unit test keeps this list in step with the source.
+pub(crate) const SYMBOLS: &[&str] = &[
+    "cuInit",
+    "cuGetErrorName",
+    "cuGetErrorString",
+    // devices and contexts
+    "cuDeviceGetCount",
+    "cuDeviceGet",
+    "cuDeviceGetName",
+    "cuDeviceTotalMem_v2",
+    "cuDeviceGetAttribute",
+    "cuDevicePrimaryCtxRetain",
+    "cuCtxSetCurrent",
+    "cuCtxGetCurrent",
+    "cuCtxSynchronize",
+    "cuCtxGetStreamPriorityRange",
+    "cuMemGetInfo_v2",
+    "cuDeviceCanAccessPeer",
+    "cuCtxEnablePeerAccess",
+    "cuPointerGetAttribute",
+    // memory
+    "cuMemAlloc_v2",
+    "cuMemFree_v2",
+    "cuMemHostAlloc",
+    "cuMemFreeHost",
+    "cuDeviceGetDefaultMemPool",
+    "cuMemPoolSetAttribute",
+    "cuMemAllocAsync",
+    "cuMemFreeAsync",
+    "cuMemcpy",
+    "cuMemcpyAsync",
+    "cuMemsetD8_v2",
+    "cuMemsetD8Async",
+    // streams, capture and graphs
+    "cuStreamCreateWithPriority",
+    "cuStreamDestroy_v2",
+    "cuStreamGetFlags",
+    "cuStreamGetPriority",
+    "cuStreamQuery",
+    "cuStreamSynchronize",
+    "cuStreamWaitEvent",
+    "cuLaunchHostFunc",
+    "cuStreamAddCallback",
+    "cuStreamBeginCapture_v2",
+    "cuStreamEndCapture",
+    "cuStreamIsCapturing",
+    "cuGraphInstantiateWithFlags",
+    "cuGraphLaunch",
+    "cuGraphUpload",
+    "cuGraphExecDestroy",
+    "cuGraphDestroy",
+    // events
+    "cuEventCreate",
+    "cuEventDestroy_v2",
+    "cuEventRecord",
+    "cuEventQuery",
+    "cuEventSynchronize",
+    "cuEventElapsedTime",
+];
+
+/// The integer value of a driver result.
+#[inline]
+pub(crate) fn code(result: CUresult) -> u32 {
+    result as u32
+}
+
+/// Whether libcuda can be loaded, asked once per process.
+pub(crate) fn library_present() -> bool {
+    static PRESENT: OnceLock<bool> = OnceLock::new();
+    // SAFETY: `is_culib_present` only tries to open the driver library under its usual names
+    // (running its initialisers, as any program linked to libcuda does) and closes it again; it
+    // calls nothing in it.
+    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
+}
+
+/// Whether the loaded library exports `symbol`.
+fn has_symbol(symbol: &str) -> bool {
+    if !library_present() {
+        return false;
+    }
+    // SAFETY: the library is present (checked just above, with the same candidate names
+    // `culib` tries), so `culib` finds it instead of panicking.
+    let lib = unsafe { sys::culib() };
+    // SAFETY: looking a symbol up does not call it; the type parameter is only what the symbol
+    // would be read as, and the result is dropped unread.
+    unsafe { lib.get::<unsafe extern "C" fn()>(symbol) }.is_ok()
+}
+
+/// Why the driver could not be started; kept so every later call reports the same error.
+#[derive(Clone, Copy)]
+enum InitFailure {
+    /// libcuda could not be loaded.
+    NoLibrary,
+    /// libcuda lacks an entry point (a driver older than CUDA 12.0).
+    MissingSymbol(&'static str),
+    /// `cuInit` failed.
+    Init(CUresult),
+}
+
+impl InitFailure {
+    /// The error every call reports after this failure.
+    fn to_error(self) -> Error {
+        match self {
+            InitFailure::NoLibrary => {
+                // cudarc tries these names (and the same for `nvcuda`), some of them twice.
+                let mut tried: Vec<String> = Vec::new();
+                for name in cudarc::get_lib_name_candidates("cuda") {
+                    if !tried.contains(&name) {
+                        tried.push(name);
+                    }
+                }
+                Error::DriverNotFound {
+                    backend: BACKEND,
+                    detail: format!(
+                        "the NVIDIA driver library (libcuda) could not be loaded; tried {} (and nvcuda)",
+                        tried.join(", ")
+                    ),
+                }
+            }
+            InitFailure::MissingSymbol(symbol) => Error::DriverNotFound {
+                backend: BACKEND,
+                detail: format!(
+                    "the NVIDIA driver library does not export {symbol}: gpumem needs a driver for CUDA 12.0 or newer"
+                ),
+            },
+            InitFailure::Init(result) if code(result) == ERROR_STUB_LIBRARY => Error::DriverNotFound {
+                backend: BACKEND,
+                detail: "the libcuda found is the CUDA toolkit's stub library, not an NVIDIA driver".into(),
+            },
+            InitFailure::Init(result) => error("cuInit", result),
+        }
+    }
+}
+
+/// Loads the driver and initialises it, once per process; every later call gives the first
+/// call's answer. Call this before any `sys` function.
+///
+/// # Errors
+///
+/// `DriverNotFound` when libcuda is missing, is the toolkit's stub or lacks an entry point this
+/// crate uses; `NoDevice` when `cuInit` finds no device; the driver's error from `cuInit`.
+pub(crate) fn init() -> Result<()> {
+    static STATE: OnceLock<std::result::Result<(), InitFailure>> = OnceLock::new();
+    match STATE.get_or_init(initialise) {
+        Ok(()) => Ok(()),
+        Err(failure) => Err(failure.to_error()),
+    }
+}
+
+/// The work of [`init`]: load, check the entry points, `cuInit(0)`.
+fn initialise() -> std::result::Result<(), InitFailure> {
+    if !library_present() {
+        return Err(InitFailure::NoLibrary);
+    }
+    if let Some(missing) = SYMBOLS.iter().find(|s| !has_symbol(s)) {
+        return Err(InitFailure::MissingSymbol(missing));
+    }
+    // SAFETY: the library is loaded and exports `cuInit`; the flags must be 0.
+    let result = unsafe { sys::cuInit(0) };
+    if code(result) != SUCCESS {
+        return Err(InitFailure::Init(result));
+    }
+    Ok(())
+}
+
+/// `Ok(())` for `CUDA_SUCCESS`, else the mapped error of `api`.
+///
+/// # Errors
+///
+/// The mapped error (see [`error`]).
+#[inline]
+pub(crate) fn check(api: &'static str, result: CUresult) -> Result<()> {
+    if code(result) == SUCCESS {
+        Ok(())
+    } else {
+        Err(error(api, result))
+    }
+}
+
+/// As [`check`], for an allocation of `size` bytes: `CUDA_ERROR_OUT_OF_MEMORY` becomes
+/// [`Error::OutOfMemory`] with `total: None`, so the pool's retry ladder runs.
+///
+/// # Errors
+///
+/// `OutOfMemory`, or the mapped error.
+#[inline]
+pub(crate) fn check_alloc(api: &'static str, result: CUresult, size: usize) -> Result<()> {
+    match code(result) {
+        SUCCESS => Ok(()),
+        ERROR_OUT_OF_MEMORY => Err(Error::OutOfMemory { size, total: None }),
+        _ => Err(error(api, result)),
+    }
+}
+
+/// The error for a failed call of `api`: `NoDevice` for `CUDA_ERROR_NO_DEVICE`, otherwise
+/// [`Error::Backend`] with the code and the driver's own name and description of it.
+pub(crate) fn error(api: &'static str, result: CUresult) -> Error {
+    let code = code(result);
+    if code == ERROR_NO_DEVICE {
+        return Error::NoDevice { backend: BACKEND };
+    }
+    let (name, message) = describe(result);
+    Error::backend(BACKEND, api, i64::from(code), name, message)
+}
+
+/// The driver's name and description of a code, from `cuGetErrorName` and `cuGetErrorString`,
+/// with a plain fallback where the driver cannot say (an unknown code, or no driver loaded).
+fn describe(result: CUresult) -> (String, String) {
+    let value = code(result);
+    let fallback = || (format!("CUresult {value}"), format!("unknown CUDA error code {value}"));
+    if !names_available() {
+        return fallback();
+    }
+    let lookup = |f: unsafe fn(CUresult, *mut *const c_char) -> CUresult| -> Option<String> {
+        let mut text: *const c_char = std::ptr::null();
+        // SAFETY: `names_available` established that the library is loaded and exports both
+        // functions; they write a pointer to a static, NUL-terminated string or leave `text`
+        // null and return an error for a code they do not know.
+        let status = unsafe { f(result, &mut text) };
+        if code(status) != SUCCESS || text.is_null() {
+            return None;
+        }
+        // SAFETY: on success `text` points to a static NUL-terminated string owned by libcuda.
+        Some(unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned())
+    };
+    let name = lookup(sys::cuGetErrorName);
+    let message = lookup(sys::cuGetErrorString);
+    match (name, message) {
+        (Some(name), Some(message)) => (name, message),
+        (Some(name), None) => (name, fallback().1),
+        (None, Some(message)) => (fallback().0, message),
+        (None, None) => fallback(),
+    }
+}
+
+/// Whether `cuGetErrorName` and `cuGetErrorString` can be called.
+fn names_available() -> bool {
+    static AVAILABLE: OnceLock<bool> = OnceLock::new();
+    *AVAILABLE.get_or_init(|| has_symbol("cuGetErrorName") && has_symbol("cuGetErrorString"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every `sys::cu...(` call in the crate's sources names a symbol in [`SYMBOLS`], so `init`
+    /// checks everything this crate may call.
+    #[test]
+    fn symbols_cover_every_driver_call() {
+        let sources = [
+            include_str!("lib.rs"),
+            include_str!("result.rs"),
+            include_str!("device.rs"),
+            include_str!("memory.rs"),
+            include_str!("stream.rs"),
+            include_str!("event.rs"),
+        ];
+        let mut seen = 0;
+        for source in sources {
+            for (i, _) in source.match_indices("sys::cu") {
+                let rest = &source[i + "sys::".len()..];
+                let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
+                let (name, after) = rest.split_at(end);
+                // Calls only (`sys::cuInit(`), not types or mentions; `culib` is cudarc's loader.
+                if after.starts_with('(') && name != "culib" {
+                    seen += 1;
+                    assert!(SYMBOLS.contains(&name), "{name} is called but missing from SYMBOLS");
+                }
+            }
+        }
+        assert!(seen > 40, "only {seen} driver calls found: the scan is broken");
+    }
+
+    #[test]
+    fn success_is_ok_and_no_device_maps_without_the_driver() {
+        assert!(check("cuInit", CUresult::CUDA_SUCCESS).is_ok());
+        assert!(matches!(
+            check("cuInit", CUresult::CUDA_ERROR_NO_DEVICE),
+            Err(Error::NoDevice { backend: "cuda" })
+        ));
+        assert!(matches!(
+            check_alloc("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY, 4096),
+            Err(Error::OutOfMemory { size: 4096, total: None })
+        ));
+    }
+
+    #[test]
+    fn backend_errors_carry_code_name_and_text() {
+        // Where a driver is installed, start it as the backend does before any error is mapped.
+        let _ = init();
+        // With or without a driver on this machine: the driver's words, or the fallback.
+        match error("cuMemcpy", CUresult::CUDA_ERROR_INVALID_VALUE) {
+            Error::Backend { backend, api, code, name, message } => {
+                assert_eq!((backend, api, code), ("cuda", "cuMemcpy", 1));
+                if names_available() {
+                    assert_eq!(name, "CUDA_ERROR_INVALID_VALUE");
+                } else {
+                    assert_eq!(name, "CUresult 1");
+                }
+                assert!(!message.is_empty());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+        // A plain out-of-memory outside an allocation is a backend error like any other.
+        assert_eq!(error("cuMemcpy", CUresult::CUDA_ERROR_OUT_OF_MEMORY).code(), Some(2));
+    }
+}
