@@ -56,8 +56,9 @@ pub use gpumem_core::backend::{
 };
 pub use gpumem_core::hooks::{self, AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use gpumem_core::{
-    round_size, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, HookError, Limit, PinnedAllocator,
-    PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
+    round_size, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, GrowthPolicy, HookError, Limit,
+    PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, ALLOCATION_UNIT_SIZE,
+    LIMIT_ENV,
 };
 pub use gpumem_hooks::{DebugPrintHook, LineProfileHook};
 

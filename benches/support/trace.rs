@@ -39,7 +39,15 @@ impl SplitMix {
 /// The random trace: `steps` steps, `alloc_share` of them allocations (the rest free a random live
 /// allocation), sizes log-normal around `median` bytes with shape `sigma`, at most `max` bytes,
 /// spread over `streams` streams.
-pub fn random(seed: u64, steps: usize, alloc_share: f64, median: f64, sigma: f64, max: usize, streams: usize) -> Vec<Step> {
+pub fn random(
+    seed: u64,
+    steps: usize,
+    alloc_share: f64,
+    median: f64,
+    sigma: f64,
+    max: usize,
+    streams: usize,
+) -> Vec<Step> {
     let mut rng = SplitMix(seed);
     let mut live: Vec<u64> = Vec::new();
     let mut out = Vec::with_capacity(steps);
@@ -71,9 +79,13 @@ pub fn parse(text: &str) -> Result<Vec<Step>, String> {
         .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
         .map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
-            let num = |i: usize| f.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| format!("bad line: {line}"));
+            let num = |i: usize| {
+                f.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| format!("bad line: {line}"))
+            };
             match f.first() {
-                Some(&"a") => Ok(Step::Alloc { id: num(1)?, size: num(2)? as usize, stream: num(3)? as usize }),
+                Some(&"a") => {
+                    Ok(Step::Alloc { id: num(1)?, size: num(2)? as usize, stream: num(3)? as usize })
+                }
                 Some(&"f") => Ok(Step::Free { id: num(1)? }),
                 _ => Err(format!("bad line: {line}")),
             }

@@ -1,0 +1,704 @@
+//! gpumem against what users would pick instead, measured side by side in one run.
+//!
+//! Each row has gpumem's figure, the anchor's figure from the same run, and their ratio. The
+//! anchors that run in this program go through the same backend's raw calls (`cuMemAllocAsync`,
+//! `cuMemAlloc`, `cuMemcpyAsync`, captured driver calls). PyTorch's and CuPy's figures come from
+//! `bench/anchors.py` and `bench/torch_alloc.cpp`, run just before on the same machine; point
+//! `GPUMEM_BENCH_DIR` at the folder they wrote (`bench/run-gpu.sh` does all of it).
+//!
+//! ```text
+//! cargo bench --features cuda --bench gpu                  # on an NVIDIA GPU
+//! cargo bench --bench gpu                                  # the same program on the host backend
+//! cargo bench --bench gpu -- --write-trace random.trace    # the random trace, for the anchors
+//! ```
+//!
+//! Nothing here asserts a timing: the output is a report.
+
+#![allow(missing_docs)]
+
+#[path = "support/trace.rs"]
+mod trace;
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::hint::black_box;
+use std::io::{BufWriter, Write as _};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::time::Instant;
+
+use gpumem::{
+    hooks, Backend, BaseMemory, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy,
+    MemoryPointer, PinnedMemoryPointer, RawAllocator, SingleDeviceMemoryPool, Stream,
+};
+
+type Anchors = HashMap<String, f64>;
+
+/// One line of the report.
+struct Row {
+    section: &'static str,
+    what: String,
+    gpumem: f64,
+    anchor_name: String,
+    anchor: Option<f64>,
+    unit: &'static str,
+    /// Whether lower is better (times, ratios of memory) or higher (rates).
+    lower_is_better: bool,
+}
+
+impl Row {
+    fn ratio(&self) -> Option<f64> {
+        let a = self.anchor?;
+        Some(if self.lower_is_better { a / self.gpumem } else { self.gpumem / a })
+    }
+}
+
+struct Report {
+    rows: Vec<Row>,
+    anchors: Anchors,
+}
+
+impl Report {
+    #[allow(clippy::too_many_arguments)]
+    fn add(
+        &mut self,
+        section: &'static str,
+        what: impl Into<String>,
+        gpumem: f64,
+        anchor_name: impl Into<String>,
+        anchor: Option<f64>,
+        unit: &'static str,
+        lower_is_better: bool,
+    ) {
+        let row = Row {
+            section,
+            what: what.into(),
+            gpumem,
+            anchor_name: anchor_name.into(),
+            anchor,
+            unit,
+            lower_is_better,
+        };
+        eprintln!(
+            "  {:<14} {:<44} gpumem {:>12.3} {:<5} {:<34} {:>12} {}",
+            row.section,
+            row.what,
+            row.gpumem,
+            row.unit,
+            row.anchor_name,
+            row.anchor.map_or("-".into(), |a| format!("{a:.3}")),
+            row.ratio().map_or("-".into(), |r| format!("x{r:.2}"))
+        );
+        self.rows.push(row);
+    }
+
+    fn external(&self, key: &str) -> Option<f64> {
+        self.anchors.get(key).copied()
+    }
+
+    fn markdown(&self) -> String {
+        let mut s = String::new();
+        writeln!(s, "| section | measurement | gpumem | anchor | anchor's figure | gpumem's advantage |")
+            .unwrap();
+        writeln!(s, "| --- | --- | --- | --- | --- | --- |").unwrap();
+        for r in &self.rows {
+            writeln!(
+                s,
+                "| {} | {} | {} {} | {} | {} | {} |",
+                r.section,
+                r.what,
+                fmt(r.gpumem),
+                r.unit,
+                r.anchor_name,
+                r.anchor.map_or("-".into(), |a| format!("{} {}", fmt(a), r.unit)),
+                r.ratio().map_or("-".into(), |x| format!("{x:.2}x"))
+            )
+            .unwrap();
+        }
+        s
+    }
+}
+
+fn fmt(x: f64) -> String {
+    if x >= 100.0 {
+        format!("{x:.0}")
+    } else if x >= 10.0 {
+        format!("{x:.1}")
+    } else {
+        format!("{x:.3}")
+    }
+}
+
+/// Nanoseconds per iteration of `f`, the median of `rounds` timed batches of `iters`.
+fn ns_per_iter(rounds: usize, iters: u64, mut f: impl FnMut()) -> f64 {
+    for _ in 0..iters.min(1000) {
+        f();
+    }
+    let mut samples: Vec<f64> = (0..rounds)
+        .map(|_| {
+            let t = Instant::now();
+            for _ in 0..iters {
+                f();
+            }
+            t.elapsed().as_nanos() as f64 / iters as f64
+        })
+        .collect();
+    median(&mut samples)
+}
+
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The host backend runs this program too, to check it; its anchors are slow and meaningless, so
+/// they run fewer iterations.
+fn on_host() -> bool {
+    <B as Backend>::NAME == "host"
+}
+
+fn dev() -> DeviceId {
+    gpumem::Device::current().id()
+}
+
+const SIZES: [(&str, usize); 3] = [("512 B", 512), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)];
+
+fn allocation(report: &mut Report) {
+    eprintln!("allocate + free, cache hit (ns per pair)");
+    let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
+    let stream = Stream::non_blocking().unwrap();
+    let _g = stream.enter().unwrap();
+    for (name, size) in SIZES {
+        drop(pool.malloc_pooled(size).unwrap());
+        let ours = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(size)).unwrap())));
+        let ptr_path = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc(black_box(size)).unwrap())));
+        let h = stream.handle();
+        let async_anchor = if B::malloc_async(dev(), size, h)
+            .and_then(|p| {
+                // SAFETY: `p` was just allocated on `h` and nothing uses it.
+                unsafe { B::free_async(dev(), p, h) }
+            })
+            .is_ok()
+        {
+            let t = ns_per_iter(9, if on_host() { 200 } else { 20_000 }, || {
+                // The host backend frees when its stream thread reaches the free, which can lag
+                // behind; a GPU reuses the memory at once. Wait for the stream if it lags.
+                let p = B::malloc_async(dev(), black_box(size), h).unwrap_or_else(|_| {
+                    B::stream_synchronize(dev(), h).unwrap();
+                    B::malloc_async(dev(), size, h).unwrap()
+                });
+                // SAFETY: `p` was just allocated on `h` and nothing uses it.
+                unsafe { B::free_async(dev(), p, h).unwrap() };
+            });
+            stream.synchronize().unwrap();
+            Some(t)
+        } else {
+            None
+        };
+        let raw = ns_per_iter(5, 200, || {
+            let p = B::malloc(dev(), black_box(size)).unwrap();
+            // SAFETY: `p` was just allocated and nothing uses it.
+            unsafe { B::free(dev(), p).unwrap() };
+        });
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "cuMemAllocAsync + cuMemFreeAsync",
+            async_anchor,
+            "ns",
+            true,
+        );
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "cuMemAlloc + cuMemFree",
+            Some(raw),
+            "ns",
+            true,
+        );
+        let key = format!("torch_cpp_ns_{size}");
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "PyTorch caching allocator (C++)",
+            report.external(&key),
+            "ns",
+            true,
+        );
+        let key = format!("cupy_ns_{size}");
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "CuPy MemoryPool (Python)",
+            report.external(&key),
+            "ns",
+            true,
+        );
+        report.add(
+            "allocation",
+            format!("MemoryPointer cache hit, {name}"),
+            ptr_path,
+            "PyTorch caching allocator (C++)",
+            report.external(&format!("torch_cpp_ns_{size}")),
+            "ns",
+            true,
+        );
+    }
+}
+
+/// Aggregate allocate + free pairs per second of `threads` threads, each on its own
+/// non-blocking stream, `size` bytes each: `run` does `iters` pairs on the calling thread.
+fn threads_rate(threads: usize, iters: u64, run: impl Fn(&Stream, u64) + Send + Sync + 'static) -> f64 {
+    let run = Arc::new(run);
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (run, start) = (Arc::clone(&run), Arc::clone(&start));
+            std::thread::spawn(move || {
+                let stream = Stream::non_blocking().unwrap();
+                let _g = stream.enter().unwrap();
+                run(&stream, iters / 10);
+                start.wait();
+                let t = Instant::now();
+                run(&stream, iters);
+                let elapsed = t.elapsed();
+                stream.synchronize().unwrap();
+                elapsed
+            })
+        })
+        .collect();
+    start.wait();
+    let slowest = handles.into_iter().map(|h| h.join().unwrap()).max().unwrap();
+    (threads as f64 * iters as f64) / slowest.as_secs_f64() / 1e6
+}
+
+fn threads(report: &mut Report) {
+    eprintln!("threads, each on its own stream, 4 KiB allocate + free (M pairs/s, aggregate)");
+    let pool = Arc::new(SingleDeviceMemoryPool::new(dev()).unwrap());
+    let mut single = 0.0;
+    for n in [1usize, 4, 8] {
+        let p = Arc::clone(&pool);
+        let ours = median(
+            &mut (0..5)
+                .map(|_| {
+                    let p = Arc::clone(&p);
+                    threads_rate(n, 2_000_000, move |_, iters| {
+                        for _ in 0..iters {
+                            drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
+                        }
+                    })
+                })
+                .collect::<Vec<_>>(),
+        );
+        if n == 1 {
+            single = ours;
+        }
+        let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, |s, iters| {
+            let h = s.handle();
+            for _ in 0..iters {
+                let Ok(ptr) = B::malloc_async(dev(), 4096, h) else { return };
+                // SAFETY: just allocated on `h`, unused.
+                unsafe { B::free_async(dev(), ptr, h).unwrap() };
+            }
+        });
+        let label = format!("{n} thread(s)");
+        report.add(
+            "threads",
+            label.clone(),
+            ours,
+            "cuMemAllocAsync, same threads",
+            Some(anchor),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            label.clone(),
+            ours,
+            "PyTorch caching allocator (C++)",
+            report.external(&format!("torch_cpp_threads_{n}")),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            label.clone(),
+            ours,
+            "CuPy MemoryPool (Python)",
+            report.external(&format!("cupy_threads_{n}")),
+            "M/s",
+            false,
+        );
+        if n > 1 {
+            report.add(
+                "threads",
+                format!("{n} threads over 1 thread (scaling)"),
+                ours / single,
+                "target",
+                Some(6.0),
+                "x",
+                false,
+            );
+        }
+    }
+}
+
+/// Milliseconds of device time of `f`, between two events on `stream`: the median of 5.
+fn device_ms(stream: &Stream, mut f: impl FnMut()) -> f64 {
+    f();
+    stream.synchronize().unwrap();
+    let mut v: Vec<f64> = (0..5)
+        .map(|_| {
+            let start = stream.record(None).unwrap();
+            f();
+            let end = stream.record(None).unwrap();
+            end.synchronize().unwrap();
+            f64::from(gpumem::get_elapsed_time(&start, &end).unwrap())
+        })
+        .collect();
+    median(&mut v)
+}
+
+fn transfers(report: &mut Report) {
+    const N: usize = 1 << 30;
+    eprintln!("1 GiB transfers (GB/s, CUDA events, median of 5)");
+    let gb = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
+    let s = Stream::non_blocking().unwrap();
+    let legacy = Stream::null();
+    let a = gpumem::Memory::new(N).map(MemoryPointer::from_memory).unwrap();
+    let b = gpumem::Memory::new(N).map(MemoryPointer::from_memory).unwrap();
+    a.memset(1, N).unwrap();
+    let pinned = PinnedMemoryPointer::alloc(N).unwrap();
+    pinned.write(&vec![3u8; N]).unwrap();
+    let mut pageable = vec![5u8; N];
+    let h = s.handle();
+    let d = dev();
+
+    let ours = device_ms(&s, || a.copy_from_host_async(&pinned, N, Some(&s)).unwrap());
+    // SAFETY: both ranges are live allocations of N bytes that outlive the synchronised timing.
+    let raw = device_ms(&s, || unsafe { B::memcpy_async(d, a.ptr(), pinned.ptr() as usize, N, h).unwrap() });
+    report.add(
+        "transfers",
+        "host to device, pinned",
+        gb(N, ours),
+        "cuMemcpyAsync",
+        Some(gb(N, raw)),
+        "GB/s",
+        false,
+    );
+    let ours = device_ms(&s, || a.copy_to_host_async(&pinned, N, Some(&s)).unwrap());
+    // SAFETY: as above.
+    let raw = device_ms(&s, || unsafe { B::memcpy_async(d, pinned.ptr() as usize, a.ptr(), N, h).unwrap() });
+    report.add(
+        "transfers",
+        "device to host, pinned",
+        gb(N, ours),
+        "cuMemcpyAsync",
+        Some(gb(N, raw)),
+        "GB/s",
+        false,
+    );
+    let ours = device_ms(&legacy, || a.copy_from_host(&pageable, N).unwrap());
+    // SAFETY: as above; `pageable` is a live N-byte buffer.
+    let raw = device_ms(&legacy, || unsafe { B::memcpy(d, a.ptr(), pageable.as_ptr() as usize, N).unwrap() });
+    report.add(
+        "transfers",
+        "host to device, pageable",
+        gb(N, ours),
+        "cuMemcpy",
+        Some(gb(N, raw)),
+        "GB/s",
+        false,
+    );
+    let ours = device_ms(&legacy, || a.copy_to_host(&mut pageable, N).unwrap());
+    // SAFETY: as above.
+    let raw =
+        device_ms(&legacy, || unsafe { B::memcpy(d, pageable.as_mut_ptr() as usize, a.ptr(), N).unwrap() });
+    report.add(
+        "transfers",
+        "device to host, pageable",
+        gb(N, ours),
+        "cuMemcpy",
+        Some(gb(N, raw)),
+        "GB/s",
+        false,
+    );
+    let ours = device_ms(&s, || b.copy_from_device_async(&a, N, Some(&s)).unwrap());
+    // SAFETY: as above.
+    let raw = device_ms(&s, || unsafe { B::memcpy_async(d, b.ptr(), a.ptr(), N, h).unwrap() });
+    report.add(
+        "transfers",
+        "device to device (read + write)",
+        gb(2 * N, ours),
+        "cuMemcpyAsync",
+        Some(gb(2 * N, raw)),
+        "GB/s",
+        false,
+    );
+    let ours = device_ms(&s, || b.memset_async(7, N, Some(&s)).unwrap());
+    // SAFETY: as above.
+    let raw = device_ms(&s, || unsafe { B::memset_async(d, b.ptr(), 7, N, h).unwrap() });
+    report.add("transfers", "memset", gb(N, ours), "cuMemsetD8Async", Some(gb(N, raw)), "GB/s", false);
+}
+
+fn hook_costs(report: &mut Report) {
+    eprintln!("hooks");
+    let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
+    drop(pool.malloc_pooled(512).unwrap());
+    let bare = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
+    let hook = hooks::install(DebugPrintHook::with_flush(BufWriter::new(std::io::sink()), false)).unwrap();
+    let with_hook = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
+    drop(hook);
+    // Two events (malloc, free) per cache-hit pair.
+    let events_per_s = 2.0 / (with_hook * 1e-9) / 1e6;
+    report.add(
+        "hooks",
+        "DebugPrintHook into a buffered writer",
+        events_per_s,
+        "CuPy DebugPrintHook",
+        report.external("cupy_debugprint_mevents"),
+        "M ev/s",
+        false,
+    );
+    report.add(
+        "hooks",
+        "cache hit, DebugPrintHook installed",
+        with_hook,
+        "cache hit, no hook",
+        Some(bare),
+        "ns",
+        true,
+    );
+    // The hook machinery's cost when no hook is installed: the check alone.
+    let check = ns_per_iter(9, 10_000_000, || {
+        black_box(hooks::active());
+    });
+    report.add("hooks", "hook check with no hook installed", check, "target", Some(2.0), "ns", true);
+}
+
+fn graphs(report: &mut Report) {
+    const OPS: usize = 1000;
+    const SIZE: usize = 64 << 10;
+    eprintln!("graph of {OPS} memsets of {SIZE} bytes (ms per launch)");
+    let s = Stream::non_blocking().unwrap();
+    let buf = gpumem::alloc(OPS * SIZE).unwrap();
+    let eager = device_ms(&s, || {
+        for i in 0..OPS {
+            (&buf + (i * SIZE) as isize).memset_async(i as u8, SIZE, Some(&s)).unwrap();
+        }
+    });
+    let typed_graph = (|| {
+        s.begin_capture(None)?;
+        for i in 0..OPS {
+            (&buf + (i * SIZE) as isize).memset_async(i as u8, SIZE, Some(&s))?;
+        }
+        s.end_capture()
+    })();
+    let Ok(typed_graph) = typed_graph else {
+        eprintln!("  (no capture on this backend: skipped)");
+        return;
+    };
+    let replay = device_ms(&s, || typed_graph.launch(Some(&s)).unwrap());
+    let (d, h) = (dev(), s.handle());
+    B::begin_capture(d, h, gpumem::CaptureMode::Relaxed).unwrap();
+    for i in 0..OPS {
+        // SAFETY: the range lies in `buf`, which outlives the graph's launches below.
+        unsafe { B::memset_async(d, buf.ptr() + i * SIZE, i as u8, SIZE, h).unwrap() };
+    }
+    let raw_graph = B::end_capture(d, h).unwrap();
+    let raw = device_ms(&s, || B::graph_launch(d, &raw_graph, h).unwrap());
+    B::graph_destroy(d, raw_graph).unwrap();
+    report.add(
+        "graphs",
+        "captured gpumem memsets, replay",
+        replay,
+        "the same, eager",
+        Some(eager),
+        "ms",
+        true,
+    );
+    report.add(
+        "graphs",
+        "captured gpumem memsets, replay",
+        replay,
+        "raw driver calls captured by hand",
+        Some(raw),
+        "ms",
+        true,
+    );
+}
+
+/// A raw allocator that counts the bytes it holds and their peak.
+struct Counting {
+    inner: Arc<dyn RawAllocator<B>>,
+    held: Arc<AtomicUsize>,
+    peak: AtomicUsize,
+}
+
+#[derive(Debug)]
+struct Counted {
+    mem: Box<dyn BaseMemory<B>>,
+    held: Arc<AtomicUsize>,
+}
+
+// SAFETY: forwards to a memory object of `B` that this value owns.
+unsafe impl BaseMemory<B> for Counted {
+    fn ptr(&self) -> usize {
+        self.mem.ptr()
+    }
+    fn size(&self) -> usize {
+        self.mem.size()
+    }
+    fn device_id(&self) -> DeviceId {
+        self.mem.device_id()
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        self.held.fetch_sub(self.mem.size(), Ordering::Relaxed);
+    }
+}
+
+impl RawAllocator<B> for Counting {
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Box<dyn BaseMemory<B>>> {
+        let mem = self.inner.allocate(device, size)?;
+        let now = self.held.fetch_add(size, Ordering::Relaxed) + size;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        Ok(Box::new(Counted { mem, held: Arc::clone(&self.held) }))
+    }
+}
+
+/// Replays a trace through a pool with `policy`; returns peak bytes held over peak bytes in use.
+fn replay(steps: &[trace::Step], policy: GrowthPolicy) -> f64 {
+    let counting = Arc::new(Counting {
+        inner: Arc::new(DeviceAllocator),
+        held: Arc::new(AtomicUsize::new(0)),
+        peak: AtomicUsize::new(0),
+    });
+    let pool = SingleDeviceMemoryPool::with_allocator(dev(), counting.clone()).unwrap();
+    pool.set_growth_policy(policy);
+    let n_streams = steps
+        .iter()
+        .filter_map(|s| if let trace::Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let streams: Vec<Stream> = (0..n_streams)
+        .map(|i| if i == 0 { Stream::null() } else { Stream::non_blocking().unwrap() })
+        .collect();
+    let mut live = HashMap::new();
+    for step in steps {
+        match *step {
+            trace::Step::Alloc { id, size, stream } => {
+                let _g = streams[stream].enter().unwrap();
+                live.insert(id, pool.malloc_pooled(size).unwrap());
+            }
+            trace::Step::Free { id } => drop(live.remove(&id)),
+        }
+    }
+    drop(live);
+    counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64
+}
+
+fn fragmentation(report: &mut Report, dir: Option<&str>) {
+    eprintln!("fragmentation: peak bytes held / peak bytes in use");
+    let mut traces = vec![("random", trace::standard_random())];
+    if let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/training.trace")).ok()) {
+        match trace::parse(&text) {
+            Ok(steps) => traces.push(("training", steps)),
+            Err(e) => eprintln!("  training trace unreadable: {e}"),
+        }
+    }
+    for (name, steps) in &traces {
+        let cupy_rules = replay(steps, GrowthPolicy::CacheUntilOutOfMemory);
+        let best = replay(steps, GrowthPolicy::HoldPeakInUse);
+        let what = |p: &str| format!("{name} trace ({} steps), {p}", steps.len());
+        report.add(
+            "fragmentation",
+            what("CuPy's rules"),
+            cupy_rules,
+            "CuPy MemoryPool",
+            report.external(&format!("cupy_frag_{name}")),
+            "ratio",
+            true,
+        );
+        report.add(
+            "fragmentation",
+            what("CuPy's rules"),
+            cupy_rules,
+            "PyTorch caching allocator",
+            report.external(&format!("torch_frag_{name}")),
+            "ratio",
+            true,
+        );
+        let target = if *name == "random" { 1.05 } else { 1.03 };
+        report.add("fragmentation", what("HoldPeakInUse"), best, "target", Some(target), "ratio", true);
+        report.add(
+            "fragmentation",
+            what("HoldPeakInUse"),
+            best,
+            "PyTorch caching allocator",
+            report.external(&format!("torch_frag_{name}")),
+            "ratio",
+            true,
+        );
+    }
+}
+
+fn read_anchors(dir: Option<&str>) -> Anchors {
+    let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/anchors.txt")).ok()) else {
+        return Anchors::new();
+    };
+    text.lines()
+        .filter_map(|l| {
+            let (k, v) = l.split_once(' ')?;
+            Some((k.to_owned(), v.trim().parse().ok()?))
+        })
+        .collect()
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--write-trace") {
+        let path = args.get(i + 1).expect("--write-trace PATH");
+        std::fs::write(path, trace::render(&trace::standard_random())).expect("write the trace");
+        return;
+    }
+    let dir = std::env::var("GPUMEM_BENCH_DIR").ok();
+    let props = gpumem::Device::current().properties().expect("a device");
+    eprintln!("gpumem {} backend, device 0: {}", <B as Backend>::NAME, props.name);
+    let mut report = Report { rows: Vec::new(), anchors: read_anchors(dir.as_deref()) };
+    let only = std::env::var("GPUMEM_BENCH_ONLY").ok();
+    let run = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));
+    let started = Instant::now();
+    if run("allocation") {
+        allocation(&mut report);
+    }
+    if run("threads") {
+        threads(&mut report);
+    }
+    if run("hooks") {
+        hook_costs(&mut report);
+    }
+    if run("transfers") {
+        transfers(&mut report);
+    }
+    if run("graphs") {
+        graphs(&mut report);
+    }
+    if run("fragmentation") {
+        fragmentation(&mut report, dir.as_deref());
+    }
+    let table = report.markdown();
+    println!("\n{table}");
+    if let Some(d) = &dir {
+        let mut f = std::fs::File::create(format!("{d}/table.md")).expect("write the table");
+        f.write_all(table.as_bytes()).expect("write the table");
+    }
+    eprintln!("done in {:.1} s", started.elapsed().as_secs_f64());
+}
