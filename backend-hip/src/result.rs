@@ -40,9 +40,8 @@ pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: Code =
 
 /// The HIP runtime functions this backend calls, with integer status codes (see the
 /// [module docs](self)). Every other type comes from hip-sys. The declarations follow HIP 5.2's
-/// `hip_runtime_api.h`; each function is exported by Debian's `libamdhip64` 5.2.3 and by later
-/// ROCm releases.
-#[allow(non_snake_case)]
+/// `hip_runtime_api.h`, and Debian's `libamdhip64` 5.2.3 exports each function (linking any
+/// program of this crate checks that).
 pub(crate) mod sys {
     use std::ffi::{c_char, c_int, c_uint, c_void};
 
@@ -258,7 +257,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn success_is_ok_and_no_device_maps_without_the_driver() {
+    fn success_is_ok_and_no_device_maps_without_the_runtime() {
         assert!(check("hipGetDeviceCount", SUCCESS).is_ok());
         assert!(matches!(
             check("hipGetDeviceCount", ERROR_NO_DEVICE),
