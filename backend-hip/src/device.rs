@@ -73,7 +73,8 @@ pub(crate) fn set_device(dev: DeviceId) -> Result<()> {
 pub(crate) fn attribute(dev: DeviceId, attribute: hipDeviceAttribute_t) -> Result<i32> {
     let mut value: c_int = 0;
     // SAFETY: `value` is a valid out-pointer; `attribute` is a variant of hip-sys's enum, so a
-    // value the C enum has (the numbers used here are the same in HIP 5.2, 5.4 and ROCm 6).
+    // value the C enum has (the numbers used here are the same in HIP 5.4, which hip-sys was
+    // generated from, and in 5.2's headers).
     check("hipDeviceGetAttribute", unsafe { sys::hipDeviceGetAttribute(&mut value, attribute, dev) })?;
     Ok(value)
 }
@@ -95,14 +96,14 @@ fn optional_attribute(dev: DeviceId, attr: hipDeviceAttribute_t) -> Result<Optio
 
 /// The device's properties, read attribute by attribute as the CUDA backend does. (HIP's
 /// `hipGetDeviceProperties` would fill a `hipDeviceProp_t`, whose layout in hip-sys is HIP 5.4's
-/// and which ROCm 6 changed.)
+/// and which ROCm 6 changed.) Device queries take the ordinal, so no device is made current.
 ///
 /// # Errors
 ///
 /// The runtime's error.
 pub(crate) fn properties(dev: DeviceId) -> Result<DeviceProperties> {
     use hipDeviceAttribute_t::*;
-    make_current(dev)?;
+    result::init()?;
     let mut name: [c_char; 256] = [0; 256];
     // SAFETY: the buffer holds `len` bytes, which the runtime fills with a NUL-terminated name
     // (truncated to fit).

@@ -36,7 +36,9 @@
 //! hip-sys kept for its types while its build script still requires the headers; gpumem does not
 //! do that.) What the library itself reports is mapped in full: on a machine with the library
 //! but no AMD GPU (no `/dev/kfd`), `hipGetDeviceCount` answers `hipErrorNoDevice`, and every
-//! operation of this backend then returns [`Error::NoDevice`](gpumem_core::Error::NoDevice).
+//! operation of this backend that would call the runtime then returns
+//! [`Error::NoDevice`](gpumem_core::Error::NoDevice) (the capture operations, which never call
+//! it, stay `Unsupported`).
 //!
 //! # Errors
 //!

@@ -161,7 +161,7 @@ pub(crate) mod sys {
 static RUNTIME: OnceLock<std::result::Result<usize, Code>> = OnceLock::new();
 
 /// Asks the runtime for its devices once per process; every later call gives the first call's
-/// answer. Every operation passes here (through `set_device`, or directly) before its first
+/// answer. Every operation passes here (through `device::make_current`, or directly) before its first
 /// other HIP call, so a machine without a device gets `NoDevice` from each of them rather than a
 /// different error per API (HIP 5.2 answers `hipErrorInvalidDevice` to most calls there).
 ///
@@ -229,7 +229,8 @@ pub(crate) fn error(api: &'static str, code: Code) -> Error {
     Error::backend(BACKEND, api, i64::from(code), name, message)
 }
 
-/// [`Error::Unsupported`] for an operation this backend does not offer (stream capture).
+/// [`Error::Unsupported`] for an operation this backend does not offer: stream capture, and
+/// `malloc_async` on a device without memory pools.
 pub(crate) fn unsupported(operation: &'static str) -> Error {
     Error::Unsupported { operation, backend: BACKEND }
 }

@@ -158,10 +158,10 @@ pub(crate) unsafe fn destroy(dev: DeviceId, stream: HipStream) -> Result<()> {
 ///
 /// The runtime's error.
 pub(crate) fn flags(dev: DeviceId, stream: HipStream) -> Result<StreamFlags> {
+    make_current(dev)?;
     if stream == HipStream::NULL {
         return Ok(StreamFlags::default());
     }
-    make_current(dev)?;
     let mut bits: c_uint = 0;
     // SAFETY: the handle is live (the contract); `bits` is a valid out-pointer.
     check("hipStreamGetFlags", unsafe { sys::hipStreamGetFlags(stream.0, &mut bits) })?;

@@ -100,6 +100,7 @@ fn device_presence_decides_every_answer() {
     assert!(is_no_device(&Hip::malloc_async(0, 1024, null)));
     assert!(is_no_device(&Hip::stream_priority_range(0)));
     assert!(is_no_device(&Hip::stream_create(0, StreamFlags { non_blocking: true }, 0)));
+    assert!(is_no_device(&Hip::stream_flags(0, null)));
     assert!(is_no_device(&Hip::stream_flags(0, Hip::per_thread_stream())));
     assert!(is_no_device(&Hip::stream_priority(0, null)));
     assert!(is_no_device(&Hip::stream_query(0, Hip::legacy_stream())));
