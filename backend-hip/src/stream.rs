@@ -46,7 +46,9 @@ impl HipStream {
     /// device, which is what CUDA's legacy stream is; CuPy's HIP build likewise defines
     /// `cudaStreamLegacy` as the null stream, and ROCm 6.2's `hipStreamLegacy` is an alias the
     /// runtime resolves to the null stream. Handing HIP 5.2 the value 1 would make it use address
-    /// 1 as a stream object.
+    /// 1 as a stream object. This crate calls HIP's plain entry points, not the `_spt` ones that
+    /// code compiled with per-thread default streams uses, so here the null stream is always the
+    /// device's blocking default stream.
     pub const LEGACY: HipStream = HipStream::NULL;
     /// The calling thread's per-thread default stream on the current device (raw value 2):
     /// `hipStreamPerThread`, `((hipStream_t)2)` in HIP 5.2's `hip_runtime_api.h` (bindgen cannot
