@@ -159,6 +159,7 @@ fn prepare_async_pool(dev: DeviceId) -> Result<()> {
     }
 }
 
+/// Sets the release threshold of the device's default memory pool to `u64::MAX`.
 fn raise_release_threshold(dev: DeviceId) -> Result<()> {
     let mut pool: hipMemPool_t = ptr::null_mut();
     // SAFETY: `pool` is a valid out-pointer; the ordinal is one the runtime accepted.

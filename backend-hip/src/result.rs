@@ -217,10 +217,9 @@ pub(crate) fn check_alloc(api: &'static str, code: Code, size: usize) -> Result<
 /// The error for a failed call of `api`: `NoDevice` for `hipErrorNoDevice`, otherwise
 /// [`Error::Backend`] with the code and the runtime's own name and description of it.
 ///
-/// Differs from the CUDA backend, which has a second form for the driver's callback threads
-/// (CUDA forbids driver calls there): HIP's `hipGetErrorName` and `hipGetErrorString` are pure
-/// table lookups (in 5.2's library each is one jump into the same `switch`; they take no lock
-/// and touch no queue), so this one form serves stream callbacks too.
+/// It serves stream callbacks too: `hipGetErrorName` and `hipGetErrorString` only look the code
+/// up (in 5.2's library each is one jump into the same `switch`; they take no lock and touch no
+/// queue).
 pub(crate) fn error(api: &'static str, code: Code) -> Error {
     if code == ERROR_NO_DEVICE {
         return Error::NoDevice { backend: BACKEND };

@@ -310,8 +310,8 @@ pub(crate) fn add_callback(dev: DeviceId, stream: HipStream, callback: StreamCal
 ///
 /// Nothing unwinds out of it: the callback and its drop run inside `catch_unwind` (the typed
 /// layer's callbacks already catch their panics; this is the last line), and a caught payload is
-/// leaked rather than dropped, since its drop could panic too. An error status is named with
-/// [`result::error`], a table lookup in the runtime (see there).
+/// leaked rather than dropped, since its drop could panic too. An error status is named as any
+/// other error ([`result::error`]): the runtime only looks the code up.
 ///
 /// # Safety
 ///

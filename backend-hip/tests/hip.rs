@@ -56,12 +56,14 @@ fn require_gpu() -> usize {
     }
 }
 
+/// The first `n` bytes at `p`, copied to the host.
 fn read_back(p: &MemoryPointer<Hip>, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; n];
     p.copy_to_host(&mut out, n).expect("copy_to_host");
     out
 }
 
+/// Whether `r` is this backend's `NoDevice`.
 fn is_no_device<T>(r: &gpumem_core::Result<T>) -> bool {
     matches!(r, Err(Error::NoDevice { backend: "hip" }))
 }
