@@ -1,0 +1,459 @@
+//! The HIP backend through gpumem's typed API.
+//!
+//! The tests follow `backend-cuda/tests/cuda.rs` one for one, with "driver" read as HIP's
+//! runtime; where HIP differs, so does the test, and its comment says how.
+//!
+//! Three tests run everywhere the runtime library is installed (it is linked, so a test binary
+//! without it does not start at all). `device_presence_decides_every_answer` stands where the
+//! CUDA suite's `driver_presence_decides_every_answer` does: without an AMD GPU every call must
+//! be `NoDevice` (and nothing may panic); with one, the count must be real.
+//! `capture_is_unsupported_without_reaching_the_runtime` stands where the CUDA suite replays a
+//! captured graph. `stream_handles_keep_their_raw_values` checks HIP's special stream handles.
+//!
+//! The other tests need an AMD GPU. They are ignored by default, so they show as skipped on
+//! machines without one; run them with `cargo test -p gpumem-hip -- --include-ignored`. When run,
+//! a missing device is a failure, never a pass. `peer_copy_between_two_gpus` needs two GPUs and
+//! fails with fewer; select it by name on a two-GPU machine. None of them has run on AMD hardware
+//! yet.
+
+use std::ffi::c_void;
+use std::path::Path;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use gpumem_core::{
+    get_elapsed_time, Backend, CaptureMode, Device, Error, Event, EventFlags, ExternalStream, Memory,
+    MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamFlags, StreamOptions,
+};
+use gpumem_hip::{Hip, HipGraph, HipStream};
+use hip_sys::hiprt::{hipStreamNonBlocking, hipStream_t};
+
+// The two raw runtime calls the external-stream test needs, declared with an integer status as
+// the backend declares its own (see its `result` module); the library is linked through hip-sys.
+extern "C" {
+    fn hipStreamCreateWithFlags(stream: *mut hipStream_t, flags: u32) -> u32;
+    fn hipStreamQuery(stream: hipStream_t) -> u32;
+    fn hipStreamDestroy(stream: hipStream_t) -> u32;
+}
+
+/// `hipSuccess`.
+const HIP_SUCCESS: u32 = 0;
+
+/// Whether this machine should have a usable AMD GPU: ROCm's kernel driver exposes `/dev/kfd`
+/// wherever one is, and the HIP runtime finds no device without it.
+///
+/// Differs from the CUDA suite, which reads `GPUMEM_REQUIRE_DEVICE`: the GPU runner sets that on
+/// its NVIDIA machine, where the HIP runtime rightly finds no device.
+fn gpu_expected() -> bool {
+    Path::new("/dev/kfd").exists()
+}
+
+/// The number of devices; fails the test when there is no usable GPU.
+fn require_gpu() -> usize {
+    match Device::<Hip>::count() {
+        Ok(n) => n,
+        Err(e) => panic!("this test needs an AMD GPU, and the HIP runtime found none: {e}"),
+    }
+}
+
+/// The first `n` bytes at `p`, copied to the host.
+fn read_back(p: &MemoryPointer<Hip>, n: usize) -> Vec<u8> {
+    let mut out = vec![0u8; n];
+    p.copy_to_host(&mut out, n).expect("copy_to_host");
+    out
+}
+
+/// Whether `r` is this backend's `NoDevice`.
+fn is_no_device<T>(r: &gpumem_core::Result<T>) -> bool {
+    matches!(r, Err(Error::NoDevice { backend: "hip" }))
+}
+
+#[test]
+fn device_presence_decides_every_answer() {
+    if gpu_expected() {
+        // An AMD GPU is there: the answer is a real count.
+        match Hip::device_count() {
+            Ok(n) => assert!(n >= 1, "a device count of 0 must be reported as NoDevice"),
+            Err(e) => panic!("/dev/kfd is present, yet device_count failed: {e}"),
+        }
+        // An ordinal past the last device gets the runtime's own error from the device switch.
+        let past = i32::try_from(require_gpu()).expect("device count fits an i32");
+        assert!(matches!(
+            Hip::malloc(past, 1024),
+            Err(Error::Backend { backend: "hip", api: "hipSetDevice", code: 101, .. })
+        ));
+        return;
+    }
+
+    // No device (the runtime answers hipErrorNoDevice without /dev/kfd): every operation reports
+    // NoDevice, none panics, and the answer does not change between calls.
+    assert!(is_no_device(&Hip::device_count()));
+    assert!(is_no_device(&Hip::device_count()));
+    let null = Hip::null_stream();
+    assert!(is_no_device(&Hip::set_device(0)));
+    assert!(is_no_device(&Hip::device_properties(0)));
+    assert!(is_no_device(&Hip::mem_get_info(0)));
+    assert!(is_no_device(&Hip::device_synchronize(0)));
+    assert!(is_no_device(&Hip::can_access_peer(0, 1)));
+    assert!(is_no_device(&Hip::enable_peer_access(0, 1)));
+    assert!(is_no_device(&Hip::pointer_device(0x1000)));
+    assert!(is_no_device(&Hip::malloc(0, 1024)));
+    assert!(is_no_device(&Hip::malloc_host(0, 1024)));
+    assert!(is_no_device(&Hip::malloc_async(0, 1024, null)));
+    assert!(is_no_device(&Hip::stream_priority_range(0)));
+    assert!(is_no_device(&Hip::stream_create(0, StreamFlags { non_blocking: true }, 0)));
+    assert!(is_no_device(&Hip::stream_flags(0, null)));
+    assert!(is_no_device(&Hip::stream_flags(0, Hip::per_thread_stream())));
+    assert!(is_no_device(&Hip::stream_priority(0, null)));
+    assert!(is_no_device(&Hip::stream_query(0, Hip::legacy_stream())));
+    assert!(is_no_device(&Hip::stream_synchronize(0, Hip::per_thread_stream())));
+    assert!(is_no_device(&Hip::event_create(0, EventFlags::default())));
+    // SAFETY: the addresses are never touched: the backend fails before any other runtime call.
+    unsafe {
+        assert!(is_no_device(&Hip::memcpy(0, 0x1000, 0x2000, 16)));
+        assert!(is_no_device(&Hip::memset_async(0, 0x1000, 1, 16, null)));
+    }
+    // A refused callback or host function is dropped without running.
+    let ran = Arc::new(AtomicUsize::new(0));
+    let r = {
+        let ran = Arc::clone(&ran);
+        Hip::add_callback(
+            0,
+            null,
+            Box::new(move |_| {
+                ran.fetch_add(1, Ordering::SeqCst);
+            }),
+        )
+    };
+    assert!(is_no_device(&r));
+    assert_eq!((ran.load(Ordering::SeqCst), Arc::strong_count(&ran)), (0, 1));
+    unsafe extern "C" fn never_called(_: *mut c_void) {}
+    // SAFETY: `never_called` does not unwind and ignores its argument.
+    assert!(is_no_device(&unsafe { Hip::launch_host_func(0, null, never_called, std::ptr::null_mut()) }));
+
+    // The same through the typed API.
+    assert!(is_no_device(&Device::<Hip>::count()));
+    assert!(is_no_device(&MemoryPool::<Hip>::new().malloc(1024)));
+    assert!(is_no_device(&Memory::<Hip>::new(1024)));
+    assert!(is_no_device(&Stream::<Hip>::non_blocking()));
+    assert!(is_no_device(&Event::<Hip>::new()));
+    assert!(is_no_device(&Stream::<Hip>::null().synchronize()));
+    assert!(is_no_device(&PinnedMemoryPointer::<Hip>::alloc(1024)));
+}
+
+/// Differs from the CUDA suite, which captures a graph and replays it: this backend offers no
+/// capture. Every capture operation answers `Unsupported`, naming itself and "hip", on any
+/// device and any stream, with or without a GPU: the runtime is never asked.
+#[test]
+fn capture_is_unsupported_without_reaching_the_runtime() {
+    fn is_unsupported<T: std::fmt::Debug>(op: &'static str, r: gpumem_core::Result<T>) {
+        match r {
+            Err(Error::Unsupported { operation, backend: "hip" }) if operation == op => {}
+            other => panic!("{op}: expected Unsupported, got {other:?}"),
+        }
+    }
+    for (dev, stream) in [(0, HipStream::PER_THREAD), (0, HipStream::NULL), (7, HipStream::LEGACY)] {
+        for mode in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
+            is_unsupported("begin_capture", Hip::begin_capture(dev, stream, mode));
+        }
+        is_unsupported("end_capture", Hip::end_capture(dev, stream));
+        is_unsupported("capture_status", Hip::capture_status(dev, stream));
+    }
+    // `graph_launch`, `graph_upload` and `graph_destroy` take a `HipGraph`, and none can exist:
+    // this function type-checks only because `HipGraph` has no values.
+    fn no_graph_exists(graph: HipGraph) -> ! {
+        match graph {}
+    }
+    let _: fn(HipGraph) -> ! = no_graph_exists;
+
+    // The typed layer passes the answers on (after refusing the default streams itself).
+    let ptds = Stream::<Hip>::per_thread();
+    is_unsupported("begin_capture", ptds.begin_capture(None));
+    is_unsupported("end_capture", ptds.end_capture());
+    is_unsupported("capture_status", ptds.is_capturing());
+    assert!(matches!(Stream::<Hip>::null().begin_capture(None), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Stream::<Hip>::legacy().begin_capture(None), Err(Error::InvalidArgument(_))));
+}
+
+/// HIP's special stream handles: 0 is the null stream, which is also the legacy stream (HIP 5.2
+/// has no legacy handle), and 2 is `hipStreamPerThread`; a raw 1 (CUDA's legacy stream) is read
+/// as the legacy stream.
+#[test]
+fn stream_handles_keep_their_raw_values() {
+    assert_eq!(Hip::stream_to_raw(Hip::null_stream()), 0);
+    assert_eq!(Hip::stream_to_raw(Hip::legacy_stream()), 0);
+    assert_eq!(Hip::stream_to_raw(Hip::per_thread_stream()), 2);
+    assert_eq!(Stream::<Hip>::legacy(), Stream::<Hip>::null());
+    // SAFETY: 0, 1 and 2 are the special handles; the others are only converted, never used.
+    unsafe {
+        assert_eq!(Hip::stream_from_raw(0), HipStream::NULL);
+        assert_eq!(Hip::stream_from_raw(1), HipStream::LEGACY);
+        assert_eq!(Hip::stream_from_raw(2), HipStream::PER_THREAD);
+        for raw in [0x7f00_1234_5000usize, usize::MAX] {
+            assert_eq!(Hip::stream_to_raw(Hip::stream_from_raw(raw)), raw);
+        }
+    }
+}
+
+/// A stream created with the raw runtime API, wrapped as an `ExternalStream`, used for gpumem's
+/// asynchronous memsets and copies, and still valid after the wrapper is dropped.
+#[test]
+#[ignore = "needs an AMD GPU: run with --include-ignored on a machine with one"]
+fn external_stream_from_raw_runtime_handle() {
+    require_gpu();
+    const N: usize = 4096;
+    // Make device 0 current, so the raw stream is created on it.
+    Device::<Hip>::new(0).use_device().expect("use device 0");
+    let mut raw: hipStream_t = std::ptr::null_mut();
+    // SAFETY: device 0 is current on this thread; `raw` is a valid out-pointer.
+    let r = unsafe { hipStreamCreateWithFlags(&mut raw, hipStreamNonBlocking) };
+    assert_eq!(r, HIP_SUCCESS, "hipStreamCreateWithFlags");
+    assert!(!raw.is_null());
+
+    let src = MemoryPointer::from_memory(Memory::<Hip>::new(N).expect("malloc src"));
+    let dst = MemoryPointer::from_memory(Memory::<Hip>::new(N).expect("malloc dst"));
+    {
+        // SAFETY: `raw` is a live stream of device 0, destroyed only at the end of this test.
+        let ext = unsafe { ExternalStream::<Hip>::from_ptr(raw.addr(), Some(0)) };
+        assert_eq!(ext.ptr(), raw.addr());
+        assert_eq!(ext.handle().as_raw(), raw);
+        assert!(!ext.is_owned());
+        assert!(ext.is_non_blocking().expect("flags"));
+        let s: &Stream<Hip> = &ext;
+        src.memset_async(7, N, Some(s)).expect("memset_async");
+        dst.copy_from_device_async(&src, N, Some(s)).expect("copy_from_device_async");
+        let done = Event::<Hip>::new().expect("event");
+        done.record(Some(s)).expect("record");
+        done.synchronize().expect("event synchronize");
+        ext.synchronize().expect("stream synchronize");
+        assert!(ext.done());
+        assert!(read_back(&dst, N).iter().all(|&x| x == 7));
+    }
+    // Dropping the wrapper left the stream alive: the runtime still knows it, and gpumem can use
+    // it again.
+    // SAFETY: `raw` is still a live stream.
+    assert_eq!(unsafe { hipStreamQuery(raw) }, HIP_SUCCESS);
+    {
+        // SAFETY: as above; this time wrapped from the handle itself.
+        let again = unsafe { ExternalStream::<Hip>::new(HipStream::from_raw(raw), Some(0)) };
+        dst.memset_async(9, N, Some(&*again)).expect("memset_async again");
+        again.synchronize().expect("synchronize again");
+        assert!(read_back(&dst, N).iter().all(|&x| x == 9));
+    }
+    // SAFETY: the test created `raw` and nothing uses it any more; destroyed once.
+    assert_eq!(unsafe { hipStreamDestroy(raw) }, HIP_SUCCESS);
+}
+
+/// Device-to-device copies between two GPUs, synchronous and asynchronous. Needs two GPUs and
+/// fails with fewer.
+#[test]
+#[ignore = "needs two AMD GPUs: run by name with --include-ignored on a machine with two"]
+fn peer_copy_between_two_gpus() {
+    let n = require_gpu();
+    assert!(n >= 2, "peer_copy_between_two_gpus needs two GPUs; found {n}");
+    const N: usize = 1 << 20;
+    let pattern: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
+    let on0 = MemoryPointer::from_memory(Memory::<Hip>::new_on(0, N).expect("malloc on device 0"));
+    let on1 = MemoryPointer::from_memory(Memory::<Hip>::new_on(1, N).expect("malloc on device 1"));
+    assert_eq!(Hip::pointer_device(on0.ptr()).expect("pointer_device"), Some(0));
+    assert_eq!(Hip::pointer_device(on1.ptr()).expect("pointer_device"), Some(1));
+    // Whether the copy goes peer to peer or through the host, it must arrive.
+    let peers = Device::<Hip>::new(0).can_access_peer(&Device::new(1)).expect("can_access_peer");
+
+    on0.copy_from_host(&pattern, N).expect("fill device 0");
+    on1.copy_from_device(&on0, N).expect("copy device 0 -> device 1");
+    assert_eq!(read_back(&on1, N), pattern, "synchronous copy to device 1");
+    if peers {
+        // The copy enabled access already; enabling it again is success
+        // (hipErrorPeerAccessAlreadyEnabled).
+        Hip::enable_peer_access(0, 1).expect("enable peer access again");
+    }
+
+    on0.memset(0, N).expect("clear device 0");
+    {
+        let _on_device_1 = Device::<Hip>::new(1).enter().expect("enter device 1");
+        let s = Stream::<Hip>::non_blocking().expect("stream on device 1");
+        assert_eq!(s.device_id(), Some(1));
+        on0.copy_from_device_async(&on1, N, Some(&s)).expect("copy device 1 -> device 0");
+        s.synchronize().expect("synchronize");
+    }
+    assert_eq!(read_back(&on0, N), pattern, "asynchronous copy back to device 0");
+}
+
+/// An allocation no GPU can serve is `OutOfMemory`, from the raw allocator and from the pool,
+/// and the device stays usable.
+#[test]
+#[ignore = "needs an AMD GPU: run with --include-ignored on a machine with one"]
+fn absurd_allocation_is_out_of_memory() {
+    require_gpu();
+    const ABSURD: usize = 1 << 40; // 1 TiB
+    match Memory::<Hip>::new(ABSURD) {
+        Err(Error::OutOfMemory { size, total: None }) => assert_eq!(size, ABSURD),
+        other => panic!("expected OutOfMemory from hipMalloc, got {other:?}"),
+    }
+    let pool = MemoryPool::<Hip>::new();
+    match pool.malloc(ABSURD) {
+        Err(e @ Error::OutOfMemory { .. }) => assert!(e.is_out_of_memory()),
+        other => panic!("expected OutOfMemory from the pool, got {other:?}"),
+    }
+    let p = pool.malloc(1024).expect("a small allocation after the failure");
+    p.memset(3, 1024).expect("memset");
+    assert!(read_back(&p, 1024).iter().all(|&x| x == 3));
+}
+
+/// Runtime errors carry the function, the code, and the runtime's name and text for it.
+#[test]
+#[ignore = "needs an AMD GPU: run with --include-ignored on a machine with one"]
+fn runtime_errors_are_mapped_with_name_code_and_text() {
+    require_gpu();
+    // Timing between two events never recorded: the runtime's error, whatever its code.
+    let start = Event::<Hip>::new().expect("event");
+    let end = Event::<Hip>::new().expect("event");
+    match get_elapsed_time(&start, &end) {
+        Err(Error::Backend { backend, api, code, name, message }) => {
+            assert_eq!((backend, api), ("hip", "hipEventElapsedTime"));
+            assert!(code != 0 && name.starts_with("hipError"), "{code} {name}");
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    // A device ordinal the runtime does not know: hipErrorInvalidDevice, in the runtime's words.
+    // (The CUDA backend finds the ordinal missing from its device table; HIP's `hipSetDevice`
+    // says it.)
+    match Hip::malloc(9999, 256) {
+        Err(Error::Backend { backend, api, code, name, message }) => {
+            assert_eq!((backend, api), ("hip", "hipSetDevice"));
+            assert_eq!((code, name.as_str()), (101, "hipErrorInvalidDevice"));
+            assert!(!message.is_empty());
+        }
+        other => panic!("expected a backend error, got {other:?}"),
+    }
+    // The failed switch did not fool the thread's device cache: device 0 still works.
+    let p = Memory::<Hip>::new_on(0, 512).expect("malloc on device 0 after the failure");
+    drop(p);
+}
+
+/// The rest of the backend once each: properties, memory information, pointer queries, pinned
+/// and stream-ordered memory, stream attributes, callbacks, events and capture status.
+#[test]
+#[ignore = "needs an AMD GPU: run with --include-ignored on a machine with one"]
+fn backend_operations_on_one_gpu() {
+    require_gpu();
+    let device = Device::<Hip>::new(0);
+    let props = device.properties().expect("properties");
+    assert!(!props.name.is_empty());
+    assert!(props.total_memory > 0 && props.multiprocessor_count > 0);
+    // The gfx architecture's major (9 for gfx90a and gfx942, 10 or 11 for RDNA).
+    assert!(props.compute_capability.0 >= 8, "{:?}", props.compute_capability);
+    assert!(props.unified_addressing);
+    let info = device.mem_info().expect("mem_info");
+    assert!(info.total > 0 && info.free <= info.total, "{info:?}");
+    device.synchronize().expect("device synchronize");
+
+    // Pointer queries: device memory, pinned host memory, pageable host memory (which HIP 5
+    // answers with hipErrorInvalidValue, read as "no device").
+    let mem = MemoryPointer::from_memory(Memory::<Hip>::new(4096).expect("malloc"));
+    assert_eq!(Hip::pointer_device(mem.ptr() + 100).expect("device pointer"), Some(0));
+    let pinned = PinnedMemoryPointer::<Hip>::alloc(4096).expect("pinned");
+    assert_eq!(Hip::pointer_device(pinned.ptr().addr()).expect("pinned pointer"), None);
+    let pageable = [0u8; 64];
+    assert_eq!(Hip::pointer_device(pageable.as_ptr().addr()).expect("pageable pointer"), None);
+
+    // Synchronous copies and memsets, then a pinned round trip on a stream.
+    mem.copy_from_host(&[6u8; 4096], 4096).expect("h2d");
+    (&mem + 8).memset(1, 4).expect("memset");
+    let host = read_back(&mem, 16);
+    assert_eq!(host, [6, 6, 6, 6, 6, 6, 6, 6, 1, 1, 1, 1, 6, 6, 6, 6]);
+    let s = Stream::<Hip>::non_blocking().expect("stream");
+    pinned.write(&[5u8; 4096]).expect("pinned write");
+    mem.copy_from_host_async(&pinned, 4096, Some(&s)).expect("h2d async");
+    let back = PinnedMemoryPointer::<Hip>::alloc(4096).expect("pinned");
+    mem.copy_to_host_async(&back, 4096, Some(&s)).expect("d2h async");
+    s.synchronize().expect("synchronize");
+    let mut out = vec![0u8; 4096];
+    back.read(&mut out).expect("pinned read");
+    assert!(out.iter().all(|&x| x == 5));
+
+    // The per-thread default stream (hipStreamPerThread) works as a stream of its own.
+    let ptds = Stream::<Hip>::per_thread();
+    mem.memset_async(4, 4096, Some(&ptds)).expect("memset on the per-thread stream");
+    ptds.synchronize().expect("synchronize the per-thread stream");
+    assert!(read_back(&mem, 4096).iter().all(|&x| x == 4));
+
+    // Stream attributes. The null stream's flags are answered without asking HIP, which
+    // refuses the question.
+    let (least, greatest) = Hip::stream_priority_range(0).expect("priority range");
+    assert!(least >= greatest);
+    assert!(s.is_non_blocking().expect("flags"));
+    assert!(!Stream::<Hip>::new().expect("blocking stream").is_non_blocking().expect("flags"));
+    assert!(!Stream::<Hip>::null().is_non_blocking().expect("null stream flags"));
+    assert_eq!(s.priority().expect("priority"), 0);
+    let urgent = Stream::<Hip>::with_options(StreamOptions { non_blocking: true, priority: Some(greatest) })
+        .expect("stream with the greatest priority");
+    assert_eq!(urgent.priority().expect("priority"), greatest);
+
+    // The stream-ordered allocator (the release threshold is raised on first use).
+    if props.memory_pools_supported {
+        let handle = s.handle();
+        let p = Hip::malloc_async(0, 1 << 20, handle).expect("malloc_async");
+        // SAFETY: `p` is 1 MiB of stream-ordered memory, used and freed in order on `s`.
+        unsafe {
+            Hip::memset_async(0, p, 4, 1 << 20, handle).expect("memset_async");
+            Hip::free_async(0, p, handle).expect("free_async");
+        }
+        s.synchronize().expect("synchronize");
+    } else {
+        assert!(matches!(
+            Hip::malloc_async(0, 1024, s.handle()),
+            Err(Error::Unsupported { operation: "malloc_async", backend: "hip" })
+        ));
+    }
+
+    // A callback runs once, with the stream and an Ok status.
+    let seen = Arc::new(AtomicUsize::new(0));
+    {
+        let seen = Arc::clone(&seen);
+        let ptr = s.ptr();
+        s.add_callback(move |stream, status| {
+            assert_eq!(stream.ptr(), ptr);
+            assert!(status.is_ok());
+            seen.fetch_add(1, Ordering::SeqCst);
+        })
+        .expect("add_callback");
+    }
+    s.synchronize().expect("synchronize after callback");
+    assert_eq!(seen.load(Ordering::SeqCst), 1);
+
+    // Host functions (through hipStreamAddCallback here) run once each, in order, and a panic in
+    // one is reported by the next synchronize.
+    let order = Arc::new(Mutex::new(Vec::new()));
+    for i in 0..100 {
+        let order = Arc::clone(&order);
+        s.launch_host_func(move || order.lock().expect("order").push(i)).expect("launch_host_func");
+    }
+    s.synchronize().expect("synchronize after host functions");
+    assert_eq!(*order.lock().expect("order"), (0..100).collect::<Vec<_>>());
+    assert_eq!(Arc::strong_count(&order), 1, "each host function was freed after its one run");
+    s.launch_host_func(|| panic!("boom")).expect("launch_host_func");
+    assert!(matches!(s.synchronize(), Err(Error::CallbackPanicked(m)) if m.contains("boom")));
+
+    // Events: timing and queries.
+    let start = Event::<Hip>::new().expect("event");
+    let end = Event::<Hip>::new().expect("event");
+    start.record(Some(&s)).expect("record start");
+    mem.memset_async(1, 4096, Some(&s)).expect("memset_async");
+    end.record(Some(&s)).expect("record end");
+    end.synchronize().expect("event synchronize");
+    assert!(start.done() && end.done());
+    let ms = get_elapsed_time(&start, &end).expect("elapsed time");
+    assert!(ms >= 0.0, "{ms}");
+    let other = Stream::<Hip>::non_blocking().expect("stream");
+    other.wait_event(&end).expect("wait_event");
+    other.synchronize().expect("synchronize");
+
+    // Capture status: unsupported, even with a device (the CUDA suite reads `None` here).
+    assert!(matches!(
+        Hip::capture_status(0, s.handle()),
+        Err(Error::Unsupported { operation: "capture_status", backend: "hip" })
+    ));
+}
