@@ -70,7 +70,7 @@ pub fn random(
 /// The standard random trace of the benchmarks: 20,000 steps, 52 % allocations, log-normal sizes
 /// (median 256 KiB, sigma 2) up to 256 MiB, on 4 streams.
 pub fn standard_random() -> Vec<Step> {
-    random(2026_11_30, 20_000, 0.52, 256.0 * 1024.0, 2.0, 256 << 20, 4)
+    random(20_261_130, 20_000, 0.52, 256.0 * 1024.0, 2.0, 256 << 20, 4)
 }
 
 /// Parses the text format.
