@@ -168,10 +168,24 @@ fn allocation(report: &mut Report) {
     let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
     let stream = Stream::non_blocking().unwrap();
     let _g = stream.enter().unwrap();
-    for (name, size) in SIZES {
+    // gpumem's figures first, the three sizes interleaved round by round so that drifting clocks
+    // treat them alike: the median of 11 rounds of 200,000 pairs each.
+    let mut pooled: HashMap<usize, Vec<f64>> = HashMap::new();
+    let mut pointer: HashMap<usize, Vec<f64>> = HashMap::new();
+    for (_, size) in SIZES {
         drop(pool.malloc_pooled(size).unwrap());
-        let ours = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(size)).unwrap())));
-        let ptr_path = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc(black_box(size)).unwrap())));
+    }
+    for _ in 0..11 {
+        for (_, size) in SIZES {
+            let t = ns_per_iter(1, 200_000, || drop(black_box(pool.malloc_pooled(black_box(size)).unwrap())));
+            pooled.entry(size).or_default().push(t);
+            let t = ns_per_iter(1, 200_000, || drop(black_box(pool.malloc(black_box(size)).unwrap())));
+            pointer.entry(size).or_default().push(t);
+        }
+    }
+    for (name, size) in SIZES {
+        let ours = median(pooled.get_mut(&size).unwrap());
+        let ptr_path = median(pointer.get_mut(&size).unwrap());
         let h = stream.handle();
         let async_anchor = if B::malloc_async(dev(), size, h)
             .and_then(|p| {
@@ -347,25 +361,39 @@ fn threads(report: &mut Report) {
     }
 }
 
-/// Milliseconds of device time of `f`, between two events on `stream`: the median of 5.
+/// Milliseconds of device time of one run of `f`, between two events on `stream`.
+fn device_ms_once(stream: &Stream, f: &mut impl FnMut()) -> f64 {
+    let start = stream.record(None).unwrap();
+    f();
+    let end = stream.record(None).unwrap();
+    end.synchronize().unwrap();
+    f64::from(gpumem::get_elapsed_time(&start, &end).unwrap())
+}
+
+/// Milliseconds of device time of `f`: the median of 5 runs after a warm-up.
 fn device_ms(stream: &Stream, mut f: impl FnMut()) -> f64 {
     f();
     stream.synchronize().unwrap();
-    let mut v: Vec<f64> = (0..5)
-        .map(|_| {
-            let start = stream.record(None).unwrap();
-            f();
-            let end = stream.record(None).unwrap();
-            end.synchronize().unwrap();
-            f64::from(gpumem::get_elapsed_time(&start, &end).unwrap())
-        })
-        .collect();
-    median(&mut v)
+    median(&mut (0..5).map(|_| device_ms_once(stream, &mut f)).collect::<Vec<_>>())
+}
+
+/// Milliseconds of device time of `ours` and `theirs`, run alternately so that drifting clocks
+/// and caches treat both alike: the median of 7 runs each.
+fn device_ms_pair(stream: &Stream, mut ours: impl FnMut(), mut theirs: impl FnMut()) -> (f64, f64) {
+    ours();
+    theirs();
+    stream.synchronize().unwrap();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..7 {
+        a.push(device_ms_once(stream, &mut ours));
+        b.push(device_ms_once(stream, &mut theirs));
+    }
+    (median(&mut a), median(&mut b))
 }
 
 fn transfers(report: &mut Report) {
     const N: usize = 1 << 30;
-    eprintln!("1 GiB transfers (GB/s, CUDA events, median of 5)");
+    eprintln!("1 GiB transfers (GB/s, CUDA events, median of 7, alternating with the raw call)");
     let gb = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
     let s = Stream::non_blocking().unwrap();
     let legacy = Stream::null();
@@ -375,12 +403,16 @@ fn transfers(report: &mut Report) {
     let pinned = PinnedMemoryPointer::alloc(N).unwrap();
     pinned.write(&vec![3u8; N]).unwrap();
     let mut pageable = vec![5u8; N];
-    let h = s.handle();
-    let d = dev();
+    let pageable_ptr = pageable.as_mut_ptr() as usize;
+    let (h, d, host) = (s.handle(), dev(), pinned.ptr() as usize);
 
-    let ours = device_ms(&s, || a.copy_from_host_async(&pinned, N, Some(&s)).unwrap());
-    // SAFETY: both ranges are live allocations of N bytes that outlive the synchronised timing.
-    let raw = device_ms(&s, || unsafe { B::memcpy_async(d, a.ptr(), pinned.ptr() as usize, N, h).unwrap() });
+    // SAFETY (every raw call below): the ranges are live allocations of N bytes (`a`, `b`,
+    // `pinned`, `pageable`) that outlive the synchronised timing.
+    let (ours, raw) = device_ms_pair(
+        &s,
+        || a.copy_from_host_async(&pinned, N, Some(&s)).unwrap(),
+        || unsafe { B::memcpy_async(d, a.ptr(), host, N, h).unwrap() },
+    );
     report.add(
         "transfers",
         "host to device, pinned",
@@ -390,9 +422,11 @@ fn transfers(report: &mut Report) {
         "GB/s",
         false,
     );
-    let ours = device_ms(&s, || a.copy_to_host_async(&pinned, N, Some(&s)).unwrap());
-    // SAFETY: as above.
-    let raw = device_ms(&s, || unsafe { B::memcpy_async(d, pinned.ptr() as usize, a.ptr(), N, h).unwrap() });
+    let (ours, raw) = device_ms_pair(
+        &s,
+        || a.copy_to_host_async(&pinned, N, Some(&s)).unwrap(),
+        || unsafe { B::memcpy_async(d, host, a.ptr(), N, h).unwrap() },
+    );
     report.add(
         "transfers",
         "device to host, pinned",
@@ -402,9 +436,12 @@ fn transfers(report: &mut Report) {
         "GB/s",
         false,
     );
-    let ours = device_ms(&legacy, || a.copy_from_host(&pageable, N).unwrap());
-    // SAFETY: as above; `pageable` is a live N-byte buffer.
-    let raw = device_ms(&legacy, || unsafe { B::memcpy(d, a.ptr(), pageable.as_ptr() as usize, N).unwrap() });
+    let (ours, raw) = device_ms_pair(
+        &legacy,
+        // SAFETY: see above; the slice is only read.
+        || a.copy_from_host(unsafe { std::slice::from_raw_parts(pageable_ptr as *const u8, N) }, N).unwrap(),
+        || unsafe { B::memcpy(d, a.ptr(), pageable_ptr, N).unwrap() },
+    );
     report.add(
         "transfers",
         "host to device, pageable",
@@ -414,10 +451,12 @@ fn transfers(report: &mut Report) {
         "GB/s",
         false,
     );
-    let ours = device_ms(&legacy, || a.copy_to_host(&mut pageable, N).unwrap());
-    // SAFETY: as above.
-    let raw =
-        device_ms(&legacy, || unsafe { B::memcpy(d, pageable.as_mut_ptr() as usize, a.ptr(), N).unwrap() });
+    let (ours, raw) = device_ms_pair(
+        &legacy,
+        // SAFETY: see above; nothing else touches `pageable` meanwhile.
+        || a.copy_to_host(unsafe { std::slice::from_raw_parts_mut(pageable_ptr as *mut u8, N) }, N).unwrap(),
+        || unsafe { B::memcpy(d, pageable_ptr, a.ptr(), N).unwrap() },
+    );
     report.add(
         "transfers",
         "device to host, pageable",
@@ -427,9 +466,11 @@ fn transfers(report: &mut Report) {
         "GB/s",
         false,
     );
-    let ours = device_ms(&s, || b.copy_from_device_async(&a, N, Some(&s)).unwrap());
-    // SAFETY: as above.
-    let raw = device_ms(&s, || unsafe { B::memcpy_async(d, b.ptr(), a.ptr(), N, h).unwrap() });
+    let (ours, raw) = device_ms_pair(
+        &s,
+        || b.copy_from_device_async(&a, N, Some(&s)).unwrap(),
+        || unsafe { B::memcpy_async(d, b.ptr(), a.ptr(), N, h).unwrap() },
+    );
     report.add(
         "transfers",
         "device to device (read + write)",
@@ -439,10 +480,13 @@ fn transfers(report: &mut Report) {
         "GB/s",
         false,
     );
-    let ours = device_ms(&s, || b.memset_async(7, N, Some(&s)).unwrap());
-    // SAFETY: as above.
-    let raw = device_ms(&s, || unsafe { B::memset_async(d, b.ptr(), 7, N, h).unwrap() });
+    let (ours, raw) = device_ms_pair(
+        &s,
+        || b.memset_async(7, N, Some(&s)).unwrap(),
+        || unsafe { B::memset_async(d, b.ptr(), 7, N, h).unwrap() },
+    );
     report.add("transfers", "memset", gb(N, ours), "cuMemsetD8Async", Some(gb(N, raw)), "GB/s", false);
+    drop(pageable);
 }
 
 fn hook_costs(report: &mut Report) {
@@ -502,7 +546,6 @@ fn graphs(report: &mut Report) {
         eprintln!("  (no capture on this backend: skipped)");
         return;
     };
-    let replay = device_ms(&s, || typed_graph.launch(Some(&s)).unwrap());
     let (d, h) = (dev(), s.handle());
     B::begin_capture(d, h, gpumem::CaptureMode::Relaxed).unwrap();
     for i in 0..OPS {
@@ -510,7 +553,11 @@ fn graphs(report: &mut Report) {
         unsafe { B::memset_async(d, buf.ptr() + i * SIZE, i as u8, SIZE, h).unwrap() };
     }
     let raw_graph = B::end_capture(d, h).unwrap();
-    let raw = device_ms(&s, || B::graph_launch(d, &raw_graph, h).unwrap());
+    let (replay, raw) = device_ms_pair(
+        &s,
+        || typed_graph.launch(Some(&s)).unwrap(),
+        || B::graph_launch(d, &raw_graph, h).unwrap(),
+    );
     B::graph_destroy(d, raw_graph).unwrap();
     report.add(
         "graphs",

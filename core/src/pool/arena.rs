@@ -96,7 +96,7 @@ impl<B: Backend> ArenaState<B> {
         self.vacant.push(slot);
     }
 
-    #[inline]
+    #[inline(always)]
     fn mark_free(&mut self, slot: u32, size: usize) {
         self.chunks[slot as usize].state = State::Free;
         self.index.insert(slot, size);
@@ -117,7 +117,7 @@ impl<B: Backend> ArenaState<B> {
 
     /// Lends the best-fitting free chunk for `size` bytes, splitting off and keeping the rest
     /// (CuPy's split: the head is lent, the remainder stays free, unmerged).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
         let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
         let (slot, found) = self.index.take_best(size, max)?;
@@ -176,7 +176,7 @@ impl<B: Backend> ArenaState<B> {
     /// Takes back a lent chunk, merging it with free neighbours of the same raw block. When the
     /// arena is orphaned (its pool is gone) and the merged chunk is a whole block, the block is
     /// released and returned for the caller to free outside the lock.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn give_back(&mut self, slot: u32) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
         let Chunk { size, prev, next, state, .. } = self.chunks[slot as usize];
         debug_assert_eq!(state, State::Lent, "a chunk went back twice");
@@ -184,7 +184,19 @@ impl<B: Backend> ArenaState<B> {
         self.n_lent -= 1;
         let (slot, size) =
             if self.is_free(next) || self.is_free(prev) { self.merge(slot) } else { (slot, size) };
-        if self.orphaned && self.chunks[slot as usize].prev == NIL && self.chunks[slot as usize].next == NIL {
+        if self.orphaned {
+            return self.release_if_whole(slot, size);
+        }
+        self.mark_free(slot, size);
+        None
+    }
+
+    /// For an orphaned arena: releases the chunk's block if the chunk is all of it, else keeps it
+    /// free.
+    #[cold]
+    fn release_if_whole(&mut self, slot: u32, size: usize) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
+        let c = self.chunks[slot as usize];
+        if c.prev == NIL && c.next == NIL {
             return Some(self.release(slot));
         }
         self.mark_free(slot, size);

@@ -75,7 +75,7 @@ impl FreeIndex {
     }
 
     /// Adds a free chunk of `size` bytes (a multiple of the unit).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn insert(&mut self, slot: u32, size: usize) {
         let bin = bin_of(size / UNIT);
         if self.heads.len() <= bin {
@@ -97,7 +97,7 @@ impl FreeIndex {
         self.unlink(bin_of(size / UNIT), slot);
     }
 
-    #[inline]
+    #[inline(always)]
     fn unlink(&mut self, bin: usize, slot: u32) {
         let Link { prev, next, .. } = self.links[slot as usize];
         if prev == NIL {
@@ -116,7 +116,7 @@ impl FreeIndex {
 
     /// Removes and returns the best-fitting free chunk for `size` bytes, the smallest at least as
     /// large, with its size; `None` when there is none, or when the best is larger than `max`.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn take_best(&mut self, size: usize, max: usize) -> Option<(u32, usize)> {
         let bin = bin_of(size / UNIT);
         // The common case first: an exact-size bin with a chunk in it.
