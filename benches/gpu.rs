@@ -406,11 +406,12 @@ fn transfers(report: &mut Report) {
     let pageable_ptr = pageable.as_mut_ptr() as usize;
     let (h, d, host) = (s.handle(), dev(), pinned.ptr() as usize);
 
-    // SAFETY (every raw call below): the ranges are live allocations of N bytes (`a`, `b`,
-    // `pinned`, `pageable`) that outlive the synchronised timing.
+    // Every raw call below uses ranges of live allocations of N bytes (`a`, `b`, `pinned`,
+    // `pageable`) that outlive the synchronised timing.
     let (ours, raw) = device_ms_pair(
         &s,
         || a.copy_from_host_async(&pinned, N, Some(&s)).unwrap(),
+        // SAFETY: live N-byte ranges, as above.
         || unsafe { B::memcpy_async(d, a.ptr(), host, N, h).unwrap() },
     );
     report.add(
@@ -425,6 +426,7 @@ fn transfers(report: &mut Report) {
     let (ours, raw) = device_ms_pair(
         &s,
         || a.copy_to_host_async(&pinned, N, Some(&s)).unwrap(),
+        // SAFETY: live N-byte ranges, as above.
         || unsafe { B::memcpy_async(d, host, a.ptr(), N, h).unwrap() },
     );
     report.add(
@@ -440,6 +442,7 @@ fn transfers(report: &mut Report) {
         &legacy,
         // SAFETY: see above; the slice is only read.
         || a.copy_from_host(unsafe { std::slice::from_raw_parts(pageable_ptr as *const u8, N) }, N).unwrap(),
+        // SAFETY: live N-byte ranges, as above.
         || unsafe { B::memcpy(d, a.ptr(), pageable_ptr, N).unwrap() },
     );
     report.add(
@@ -455,6 +458,7 @@ fn transfers(report: &mut Report) {
         &legacy,
         // SAFETY: see above; nothing else touches `pageable` meanwhile.
         || a.copy_to_host(unsafe { std::slice::from_raw_parts_mut(pageable_ptr as *mut u8, N) }, N).unwrap(),
+        // SAFETY: live N-byte ranges, as above.
         || unsafe { B::memcpy(d, pageable_ptr, a.ptr(), N).unwrap() },
     );
     report.add(
@@ -469,6 +473,7 @@ fn transfers(report: &mut Report) {
     let (ours, raw) = device_ms_pair(
         &s,
         || b.copy_from_device_async(&a, N, Some(&s)).unwrap(),
+        // SAFETY: live N-byte ranges, as above.
         || unsafe { B::memcpy_async(d, b.ptr(), a.ptr(), N, h).unwrap() },
     );
     report.add(
@@ -483,6 +488,7 @@ fn transfers(report: &mut Report) {
     let (ours, raw) = device_ms_pair(
         &s,
         || b.memset_async(7, N, Some(&s)).unwrap(),
+        // SAFETY: live N-byte ranges, as above.
         || unsafe { B::memset_async(d, b.ptr(), 7, N, h).unwrap() },
     );
     report.add("transfers", "memset", gb(N, ours), "cuMemsetD8Async", Some(gb(N, raw)), "GB/s", false);

@@ -8,7 +8,7 @@
 use crate::backend::{Backend, DevicePtr};
 use crate::memory::BaseMemory;
 
-use super::index::{FreeIndex, NIL};
+use super::index::{bin_for, FreeIndex, NIL};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -26,6 +26,8 @@ struct Chunk {
     prev: u32,
     next: u32,
     state: State,
+    /// The free-index bin of `size` (kept with it, so a chunk going back does not recompute it).
+    bin: u32,
 }
 
 /// The chunks of one arena. See the module docs.
@@ -97,18 +99,29 @@ impl<B: Backend> ArenaState<B> {
     }
 
     #[inline(always)]
-    fn mark_free(&mut self, slot: u32, size: usize) {
-        self.chunks[slot as usize].state = State::Free;
-        self.index.insert(slot, size);
+    fn mark_free(&mut self, slot: u32) {
+        let c = &mut self.chunks[slot as usize];
+        c.state = State::Free;
+        let (size, bin) = (c.size, c.bin);
+        self.index.insert(slot, size, bin);
         self.n_free += 1;
         self.free_bytes += size;
     }
 
     #[inline]
-    fn unmark_free(&mut self, slot: u32, size: usize) {
-        self.index.remove(slot, size);
+    fn unmark_free(&mut self, slot: u32) {
+        let c = &self.chunks[slot as usize];
+        let (size, bin) = (c.size, c.bin);
+        self.index.remove(slot, bin);
         self.n_free -= 1;
         self.free_bytes -= size;
+    }
+
+    /// Sets a chunk's size, and so its bin.
+    fn resize(&mut self, slot: u32, size: usize) {
+        let c = &mut self.chunks[slot as usize];
+        c.size = size;
+        c.bin = bin_for(size);
     }
 
     fn is_free(&self, slot: u32) -> bool {
@@ -144,14 +157,14 @@ impl<B: Backend> ArenaState<B> {
             prev: slot,
             next: head.next,
             state: State::Free,
+            bin: bin_for(found - size),
         });
         if head.next != NIL {
             self.chunks[head.next as usize].prev = rest;
         }
-        let head = &mut self.chunks[slot as usize];
-        head.next = rest;
-        head.size = size;
-        self.mark_free(rest, found - size);
+        self.chunks[slot as usize].next = rest;
+        self.resize(slot, size);
+        self.mark_free(rest);
     }
 
     /// Adds a new raw block of `size` bytes and lends all of it.
@@ -167,7 +180,15 @@ impl<B: Backend> ArenaState<B> {
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks in one arena")
             }
         };
-        let slot = self.new_slot(Chunk { ptr, size, block, prev: NIL, next: NIL, state: State::Lent });
+        let slot = self.new_slot(Chunk {
+            ptr,
+            size,
+            block,
+            prev: NIL,
+            next: NIL,
+            state: State::Lent,
+            bin: bin_for(size),
+        });
         self.used_bytes += size;
         self.n_lent += 1;
         Lent { slot, ptr }
@@ -182,39 +203,38 @@ impl<B: Backend> ArenaState<B> {
         debug_assert_eq!(state, State::Lent, "a chunk went back twice");
         self.used_bytes -= size;
         self.n_lent -= 1;
-        let (slot, size) =
-            if self.is_free(next) || self.is_free(prev) { self.merge(slot) } else { (slot, size) };
+        let slot = if self.is_free(next) || self.is_free(prev) { self.merge(slot) } else { slot };
         if self.orphaned {
-            return self.release_if_whole(slot, size);
+            return self.release_if_whole(slot);
         }
-        self.mark_free(slot, size);
+        self.mark_free(slot);
         None
     }
 
     /// For an orphaned arena: releases the chunk's block if the chunk is all of it, else keeps it
     /// free.
     #[cold]
-    fn release_if_whole(&mut self, slot: u32, size: usize) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
+    fn release_if_whole(&mut self, slot: u32) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
         let c = self.chunks[slot as usize];
         if c.prev == NIL && c.next == NIL {
             return Some(self.release(slot));
         }
-        self.mark_free(slot, size);
+        self.mark_free(slot);
         None
     }
 
     /// Merges a returning chunk with its free neighbours. Free neighbours are never adjacent to
-    /// each other, so one merge on each side suffices. Returns the merged chunk's slot and size.
+    /// each other, so one merge on each side suffices. Returns the merged chunk's slot.
     #[cold]
-    fn merge(&mut self, slot: u32) -> (u32, usize) {
+    fn merge(&mut self, slot: u32) -> u32 {
         let mut slot = slot;
         let next = self.chunks[slot as usize].next;
         if self.is_free(next) {
             let absorbed = self.chunks[next as usize];
-            self.unmark_free(next, absorbed.size);
-            let c = &mut self.chunks[slot as usize];
-            c.size += absorbed.size;
-            c.next = absorbed.next;
+            self.unmark_free(next);
+            let merged = self.chunks[slot as usize].size + absorbed.size;
+            self.resize(slot, merged);
+            self.chunks[slot as usize].next = absorbed.next;
             if absorbed.next != NIL {
                 self.chunks[absorbed.next as usize].prev = slot;
             }
@@ -223,17 +243,17 @@ impl<B: Backend> ArenaState<B> {
         let prev = self.chunks[slot as usize].prev;
         if self.is_free(prev) {
             let absorbed = self.chunks[slot as usize];
-            self.unmark_free(prev, self.chunks[prev as usize].size);
-            let p = &mut self.chunks[prev as usize];
-            p.size += absorbed.size;
-            p.next = absorbed.next;
+            self.unmark_free(prev);
+            let merged = self.chunks[prev as usize].size + absorbed.size;
+            self.resize(prev, merged);
+            self.chunks[prev as usize].next = absorbed.next;
             if absorbed.next != NIL {
                 self.chunks[absorbed.next as usize].prev = prev;
             }
             self.vacate(slot);
             slot = prev;
         }
-        (slot, self.chunks[slot as usize].size)
+        slot
     }
 
     fn release(&mut self, slot: u32) -> (Box<dyn BaseMemory<B>>, usize) {
@@ -252,7 +272,7 @@ impl<B: Backend> ArenaState<B> {
         for slot in 0..self.chunks.len() as u32 {
             let c = self.chunks[slot as usize];
             if c.state == State::Free && c.prev == NIL && c.next == NIL {
-                self.unmark_free(slot, c.size);
+                self.unmark_free(slot);
                 let (mem, size) = self.release(slot);
                 out.push(mem);
                 bytes += size;
@@ -278,7 +298,7 @@ impl<B: Backend> ArenaState<B> {
         if c.state != State::Free || c.prev != NIL || c.next != NIL || c.size != size {
             return None;
         }
-        self.unmark_free(slot, size);
+        self.unmark_free(slot);
         Some(self.release(slot).0)
     }
 

@@ -51,6 +51,13 @@ pub(crate) struct FreeIndex {
     summary: [u64; SUMMARY],
 }
 
+/// The bin of a free chunk of `size` bytes (a multiple of the unit). The arena keeps each chunk's
+/// bin beside its size, so returning a chunk does not compute it again.
+#[inline]
+pub(crate) fn bin_for(size: usize) -> u32 {
+    bin_of(size / UNIT) as u32
+}
+
 /// The bin of a free chunk of `units` units.
 #[inline]
 fn bin_of(units: usize) -> usize {
@@ -74,10 +81,11 @@ impl FreeIndex {
         }
     }
 
-    /// Adds a free chunk of `size` bytes (a multiple of the unit).
+    /// Adds a free chunk of `size` bytes (a multiple of the unit) to its bin, `bin_for(size)`.
     #[inline(always)]
-    pub(crate) fn insert(&mut self, slot: u32, size: usize) {
-        let bin = bin_of(size / UNIT);
+    pub(crate) fn insert(&mut self, slot: u32, size: usize, bin: u32) {
+        let bin = bin as usize;
+        debug_assert_eq!(bin, bin_of(size / UNIT));
         if self.heads.len() <= bin {
             self.heads.resize(bin + 1, NIL);
         }
@@ -91,10 +99,10 @@ impl FreeIndex {
         self.heads[bin] = slot;
     }
 
-    /// Removes a free chunk inserted with `size`.
+    /// Removes a free chunk inserted into `bin`.
     #[inline]
-    pub(crate) fn remove(&mut self, slot: u32, size: usize) {
-        self.unlink(bin_of(size / UNIT), slot);
+    pub(crate) fn remove(&mut self, slot: u32, bin: u32) {
+        self.unlink(bin as usize, slot);
     }
 
     #[inline(always)]
@@ -119,12 +127,16 @@ impl FreeIndex {
     #[inline(always)]
     pub(crate) fn take_best(&mut self, size: usize, max: usize) -> Option<(u32, usize)> {
         let bin = bin_of(size / UNIT);
-        // The common case first: an exact-size bin with a chunk in it.
-        if bin < SMALL_UNITS {
-            if let Some(&slot) = self.heads.get(bin).filter(|&&h| h != NIL) {
+        // The common case first: the bin's first chunk has exactly the size asked for (always so
+        // in a small bin; in a large class, when a size is reused).
+        if let Some(&slot) = self.heads.get(bin) {
+            if slot != NIL && (bin < SMALL_UNITS || self.links[slot as usize].size == size) {
                 self.unlink(bin, slot);
                 return Some((slot, size));
             }
+        }
+        if bin < SMALL_UNITS {
+            // An empty exact-size bin: look above.
         } else if let Some(slot) = self.best_in(bin, size) {
             let found = self.links[slot as usize].size;
             if found > max {
@@ -221,8 +233,8 @@ mod tests {
     #[test]
     fn a_bound_on_the_size_refuses_larger_chunks_and_keeps_them() {
         let mut idx = index(4);
-        idx.insert(0, 64 * UNIT);
-        idx.insert(1, (SMALL_UNITS + 100) * UNIT);
+        idx.insert(0, 64 * UNIT, bin_for(64 * UNIT));
+        idx.insert(1, (SMALL_UNITS + 100) * UNIT, bin_for((SMALL_UNITS + 100) * UNIT));
         assert_eq!(idx.take_best(8 * UNIT, 9 * UNIT), None);
         assert_eq!(idx.take_best(SMALL_UNITS * UNIT, SMALL_UNITS * UNIT + 50 * UNIT), None);
         assert_eq!(idx.take_best(60 * UNIT, 64 * UNIT), Some((0, 64 * UNIT)));
@@ -238,11 +250,11 @@ mod tests {
     #[test]
     fn best_fit_takes_the_smallest_large_enough_chunk() {
         let mut idx = index(8);
-        idx.insert(1, 4 * UNIT);
-        idx.insert(2, 2 * UNIT);
-        idx.insert(3, 64 * UNIT);
-        idx.insert(4, SMALL_UNITS * UNIT);
-        idx.insert(5, (SMALL_UNITS + 7) * UNIT);
+        idx.insert(1, 4 * UNIT, bin_for(4 * UNIT));
+        idx.insert(2, 2 * UNIT, bin_for(2 * UNIT));
+        idx.insert(3, 64 * UNIT, bin_for(64 * UNIT));
+        idx.insert(4, SMALL_UNITS * UNIT, bin_for(SMALL_UNITS * UNIT));
+        idx.insert(5, (SMALL_UNITS + 7) * UNIT, bin_for((SMALL_UNITS + 7) * UNIT));
         assert_eq!(idx.take_best_any(UNIT), Some((2, 2 * UNIT)));
         assert_eq!(idx.take_best_any(3 * UNIT), Some((1, 4 * UNIT)));
         assert_eq!(idx.take_best_any(5 * UNIT), Some((3, 64 * UNIT)));
@@ -260,7 +272,7 @@ mod tests {
         let first_large = SMALL_UNITS * UNIT;
         let largest = usize::MAX / UNIT * UNIT;
         for (slot, size) in [(0, UNIT), (1, last_small), (2, first_large), (3, largest)] {
-            idx.insert(slot, size);
+            idx.insert(slot, size, bin_for(size));
         }
         assert_eq!(idx.take_best_any(last_small), Some((1, last_small)));
         assert_eq!(idx.take_best_any(last_small), Some((2, first_large)));
@@ -273,25 +285,25 @@ mod tests {
     fn removal_from_anywhere_in_a_bin_keeps_the_others() {
         let mut idx = index(4);
         for slot in 0..4 {
-            idx.insert(slot, UNIT);
+            idx.insert(slot, UNIT, bin_for(UNIT));
         }
-        idx.remove(2, UNIT); // middle
-        idx.remove(3, UNIT); // head (last inserted)
-        idx.remove(0, UNIT); // tail
+        idx.remove(2, bin_for(UNIT)); // middle
+        idx.remove(3, bin_for(UNIT)); // head (last inserted)
+        idx.remove(0, bin_for(UNIT)); // tail
         assert_eq!(idx.take_best_any(UNIT), Some((1, UNIT)));
         assert_eq!(idx.take_best_any(UNIT), None);
-        idx.insert(3, UNIT);
+        idx.insert(3, UNIT, bin_for(UNIT));
         assert_eq!(idx.take_best_any(UNIT), Some((3, UNIT)), "an emptied bin works again");
     }
 
     #[test]
     fn searches_cross_bitmap_words_and_summary_words() {
         let mut idx = index(8);
-        idx.insert(7, (SMALL_UNITS - 1) * UNIT);
+        idx.insert(7, (SMALL_UNITS - 1) * UNIT, bin_for((SMALL_UNITS - 1) * UNIT));
         assert_eq!(idx.take_best_any((SMALL_UNITS - 2) * UNIT), Some((7, (SMALL_UNITS - 1) * UNIT)));
         assert_eq!(idx.take_best_any((SMALL_UNITS - 2) * UNIT), None);
         let huge = (1usize << 60) / UNIT * UNIT;
-        idx.insert(6, huge);
+        idx.insert(6, huge, bin_for(huge));
         assert_eq!(idx.take_best_any(UNIT), Some((6, huge)), "found through the second summary word");
     }
 
@@ -300,10 +312,10 @@ mod tests {
         let mut idx = index(16);
         let mib = 1 << 20;
         // Same class (64 MiB .. 68 MiB), inserted out of order.
-        idx.insert(1, 67 * mib);
-        idx.insert(2, 65 * mib);
-        idx.insert(3, 66 * mib);
-        idx.insert(4, 100 * mib);
+        idx.insert(1, 67 * mib, bin_for(67 * mib));
+        idx.insert(2, 65 * mib, bin_for(65 * mib));
+        idx.insert(3, 66 * mib, bin_for(66 * mib));
+        idx.insert(4, 100 * mib, bin_for(100 * mib));
         assert_eq!(idx.take_best_any(64 * mib + UNIT), Some((2, 65 * mib)));
         assert_eq!(idx.take_best_any(66 * mib), Some((3, 66 * mib)), "an exact size is taken first");
         assert_eq!(idx.take_best_any(68 * mib), Some((4, 100 * mib)), "none fits in the class: the next one");
