@@ -24,7 +24,7 @@
 //!
 //! # Errors
 //!
-//! Every fallible operation returns [`Result`](crate::Result). Backends map their runtime's
+//! Every fallible operation returns [`Result`]. Backends map their runtime's
 //! codes as follows: a missing runtime library is [`Error::DriverNotFound`](crate::Error::DriverNotFound);
 //! "no device" is [`Error::NoDevice`](crate::Error::NoDevice); a failed device allocation is
 //! [`Error::OutOfMemory`](crate::Error::OutOfMemory) with `total: None` (so the pool's retry
