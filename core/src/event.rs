@@ -25,6 +25,20 @@ impl<B: Backend> Drop for Inner<B> {
 
 /// An event: CuPy's `cupy.cuda.Event`. Cloning gives another handle to the same event; it is
 /// destroyed when the last clone is dropped.
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{Event, Stream, get_elapsed_time};
+///
+/// let s = Stream::<Host>::new()?;
+/// let start = s.record(None)?;
+/// let p = gpumem_core::alloc::<Host>(1 << 20)?;
+/// p.memset_async(1, 1 << 20, Some(&s))?;
+/// let end = s.record(None)?;
+/// end.synchronize()?;
+/// assert!(get_elapsed_time(&start, &end)? >= 0.0);
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
 pub struct Event<B: Backend> {
     inner: Arc<Inner<B>>,
 }

@@ -17,6 +17,24 @@ use crate::stream::{self, Stream};
 /// The graph owns the host functions captured into it. While it has any, each launch records an
 /// event behind itself, and dropping the graph waits for those events before it frees the
 /// functions, so a replay still queued never calls freed data.
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::Stream;
+///
+/// let s = Stream::<Host>::non_blocking()?;
+/// let p = gpumem_core::alloc::<Host>(256)?;
+/// s.begin_capture(None)?;
+/// p.memset_async(3, 256, Some(&s))?;
+/// let graph = s.end_capture()?;
+/// p.memset(0, 256)?;
+/// graph.launch(Some(&s))?; // replays the memset
+/// s.synchronize()?;
+/// let mut back = [0u8; 256];
+/// p.copy_to_host(&mut back, 256)?;
+/// assert!(back.iter().all(|&b| b == 3));
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
 pub struct Graph<B: Backend> {
     raw: Option<B::Graph>,
     device: DeviceId,

@@ -181,6 +181,29 @@ pub(crate) fn fire(phase: &'static str, call: impl Fn(&dyn MemoryHook) -> HookRe
 ///
 /// [`Error::HookAlreadyRegistered`] when a hook of the same name is installed on this thread
 /// (CuPy's `KeyError('memory hook ... already exists')`).
+///
+/// ```
+/// use std::cell::Cell;
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{MallocEvent, MemoryHook, MemoryPool, hooks, HookResult};
+///
+/// #[derive(Default)]
+/// struct Counter(Cell<usize>);
+/// impl MemoryHook for Counter {
+///     fn name(&self) -> &str { "Counter" }
+///     fn malloc_postprocess(&self, _: &MallocEvent) -> HookResult {
+///         self.0.set(self.0.get() + 1);
+///         Ok(())
+///     }
+/// }
+///
+/// let pool = MemoryPool::<Host>::new();
+/// let counter = hooks::install(Counter::default())?;
+/// drop(pool.malloc(10)?);
+/// drop(pool.malloc(10)?);
+/// assert_eq!(counter.0.get(), 2);
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
 pub fn install<H: MemoryHook + 'static>(hook: H) -> Result<HookGuard<H>> {
     let hook = Rc::new(hook);
     let name = hook.name().to_owned();

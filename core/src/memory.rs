@@ -191,6 +191,21 @@ unsafe impl<B: Backend> BaseMemory<B> for PooledMemory<B> {
 /// the byte count against the memory's size and refuses out-of-range work with
 /// [`Error::OutOfBounds`]. Unlike CuPy's cdef class, `p += n` changes only `p`, not other clones
 /// (Rust values are not shared references).
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{Error, Memory, MemoryPointer};
+///
+/// let p = MemoryPointer::<Host>::from_memory(Memory::new(64)?);
+/// p.memset(0, 64)?;
+/// (&p + 60).copy_from_host(&[1, 2, 3, 4], 4)?;
+/// let mut back = [0u8; 8];
+/// (&p + 56).copy_to_host(&mut back, 8)?;
+/// assert_eq!(back, [0, 0, 0, 0, 1, 2, 3, 4]);
+/// // Four bytes from offset 62 would end past the allocation: refused, nothing written.
+/// assert!(matches!((&p + 62).memset(9, 4), Err(Error::OutOfBounds { .. })));
+/// # Ok::<(), Error>(())
+/// ```
 pub struct MemoryPointer<B: Backend> {
     mem: Arc<dyn BaseMemory<B>>,
     offset: isize,

@@ -97,6 +97,23 @@ unsafe impl<B: Backend> PinnedBuffer<B> for PinnedMemory<B> {
 /// The memory can be the target of asynchronous device-to-host copies, so gpumem gives no `&[u8]`
 /// view of it safely: use [`read`](Self::read) and [`write`](Self::write) (after the stream has
 /// passed the transfer) or the `unsafe` slice views.
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{PinnedMemoryPointer, Stream};
+///
+/// let s = Stream::<Host>::non_blocking()?;
+/// let host = PinnedMemoryPointer::<Host>::alloc(4)?;
+/// host.write(&[1, 2, 3, 4])?;
+/// let dev = gpumem_core::alloc::<Host>(4)?;
+/// dev.copy_from_host_async(&host, 4, Some(&s))?;
+/// dev.copy_to_host_async(&(&host + 0), 4, Some(&s))?;
+/// s.synchronize()?;
+/// let mut out = [0u8; 4];
+/// host.read(&mut out)?;
+/// assert_eq!(out, [1, 2, 3, 4]);
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
 pub struct PinnedMemoryPointer<B: Backend> {
     mem: Arc<dyn PinnedBuffer<B>>,
     offset: isize,

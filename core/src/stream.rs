@@ -66,6 +66,28 @@ impl<B: Backend> Drop for Inner<B> {
 /// to completion after the stream is destroyed.
 ///
 /// Equality compares the raw handle, as CuPy's `__eq__` compares `ptr`.
+///
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicUsize, Ordering};
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{MemoryPool, Stream};
+///
+/// let pool = MemoryPool::<Host>::new();
+/// let s = Stream::<Host>::non_blocking()?;
+/// {
+///     let _current = s.enter()?; // `with s:`
+///     let p = pool.malloc(1024)?; // from s's arena
+///     p.memset_async(7, 1024, None)?; // on s, the current stream
+///     let done = Arc::new(AtomicUsize::new(0));
+///     let d = done.clone();
+///     s.launch_host_func(move || { d.fetch_add(1, Ordering::SeqCst); })?;
+///     s.synchronize()?;
+///     assert_eq!(done.load(Ordering::SeqCst), 1);
+/// }
+/// assert_eq!(Stream::<Host>::current(), Stream::null()); // restored
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
 pub struct Stream<B: Backend> {
     inner: Arc<Inner<B>>,
 }

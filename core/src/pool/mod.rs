@@ -51,7 +51,7 @@ use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent};
 use crate::memory::{BaseMemory, Memory, MemoryPointer};
 use crate::stream::Stream;
 
-use arena::ArenaState;
+use arena::{ArenaState, Lent};
 pub use limit::{Limit, LIMIT_ENV};
 pub use multi::MemoryPool;
 use sync::{ArenaLock, ArenaRef};
@@ -190,6 +190,28 @@ impl<B: Backend> ArenaCache<B> {
 }
 
 /// A pool for one device: CuPy's `SingleDeviceMemoryPool`. See the [module docs](self).
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{Limit, SingleDeviceMemoryPool};
+///
+/// let pool = SingleDeviceMemoryPool::<Host>::new(0)?;
+/// let a = pool.malloc(1000)?; // 1024 bytes
+/// let b = pool.malloc(2048)?;
+/// assert_eq!((pool.used_bytes(), pool.total_bytes()), (3072, 3072));
+/// drop(b);
+/// assert_eq!((pool.free_bytes(), pool.n_free_blocks()), (2048, 1));
+/// pool.set_limit(Limit::Bytes(4096))?;
+/// // Before giving up, the pool released its cached 2048-byte block and retried.
+/// assert_eq!(
+///     pool.malloc(4096).unwrap_err().to_string(),
+///     "Out of memory allocating 4,096 bytes (allocated so far: 1,024 bytes, limit set to: 4,096 bytes)."
+/// );
+/// drop(a);
+/// pool.free_all_blocks(None);
+/// assert_eq!(pool.total_bytes(), 0);
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
 pub struct SingleDeviceMemoryPool<B: Backend> {
     shared: Arc<Shared<B>>,
     arenas: Mutex<HashMap<ArenaKey, Arc<Arena<B>>>>,
@@ -320,7 +342,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             }
             let lent = st.take(mem_size)?;
             drop(st);
-            Some(PooledMemory::new(ArenaRef::new(arena), lent.slot, lent.ptr, mem_size, self.shared.device))
+            Some(PooledMemory::lent(arena, lent, mem_size))
         });
         match hit {
             Some(p) => Ok(p),
@@ -336,13 +358,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             if !st.retired {
                 if let Some(lent) = st.take(mem_size) {
                     drop(st);
-                    return Ok(PooledMemory::new(
-                        ArenaRef::new(&arena),
-                        lent.slot,
-                        lent.ptr,
-                        mem_size,
-                        self.shared.device,
-                    ));
+                    return Ok(PooledMemory::lent(&arena, lent, mem_size));
                 }
             }
         }
@@ -424,13 +440,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             }
             let lent = st.lend_new_block(mem.take().expect("the block is lent once"), mem_size);
             drop(st);
-            return Ok(PooledMemory::new(
-                ArenaRef::new(&arena),
-                lent.slot,
-                lent.ptr,
-                mem_size,
-                self.shared.device,
-            ));
+            return Ok(PooledMemory::lent(&arena, lent, mem_size));
         }
     }
 
@@ -661,8 +671,18 @@ pub struct PooledMemory<B: Backend> {
 }
 
 impl<B: Backend> PooledMemory<B> {
-    fn new(arena: ArenaRef<Arena<B>>, slot: u32, ptr: DevicePtr, size: usize, device: DeviceId) -> Self {
-        PooledMemory { arena: Some(arena), slot, device, ptr, size, empty_id: 0 }
+    /// The chunk `lent` by `arena`, of `size` (rounded) bytes.
+    #[inline]
+    fn lent(arena: &Arc<Arena<B>>, lent: Lent, size: usize) -> Self {
+        let device = arena.shared.device;
+        PooledMemory {
+            arena: Some(ArenaRef::new(arena)),
+            slot: lent.slot,
+            device,
+            ptr: lent.ptr,
+            size,
+            empty_id: 0,
+        }
     }
 
     fn empty(device: DeviceId) -> Self {
