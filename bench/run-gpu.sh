@@ -2,9 +2,10 @@
 # Runs gpumem's GPU benchmark with its anchors, on the GPU machine, from the repository root.
 # The benchmark binary is staged first, on a machine with Rust, by
 #   ../shared/tools/gpu-stage --bench --no-tests
-# which leaves it in .gpu/benches/. Results (table.md, anchors.txt, traces, logs) go to $OUT.
+# which leaves it in .gpu/benches/. Results (table.md, anchors.txt, traces, logs) go to
+# $BENCH_DIR, else $OUT.
 set -u
-DIR=${OUT:-/tmp/gpumem-bench}
+DIR=${BENCH_DIR:-${OUT:-/tmp/gpumem-bench}}
 mkdir -p "$DIR"
 BIN=$(ls .gpu/benches/gpu-* | head -n 1)
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
