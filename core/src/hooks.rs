@@ -167,10 +167,16 @@ pub fn active() -> bool {
 pub(crate) fn fire(phase: &'static str, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
     let mut i = 0;
     loop {
-        let Some(hook) = HOOKS.try_with(|h| h.borrow().hooks.get(i).cloned()).ok().flatten() else {
-            return Ok(());
-        };
+        // One thread-local access per hook: the hook, and whether another follows it.
+        let next = HOOKS.try_with(|h| {
+            let registry = h.borrow();
+            registry.hooks.get(i).map(|hook| (Rc::clone(hook), i + 1 < registry.hooks.len()))
+        });
+        let Some((hook, more)) = next.ok().flatten() else { return Ok(()) };
         call(&*hook).map_err(|source| Error::Hook { hook: hook.name().to_owned(), phase, source })?;
+        if !more {
+            return Ok(());
+        }
         i += 1;
     }
 }

@@ -47,8 +47,10 @@ use crate::stack::{StackCapture, StackFrame};
 ///   `benches/line_profile.rs`);
 /// - the first event symbolises: loading the debug info takes tens to hundreds of milliseconds;
 ///   each new return address is then symbolised once (microseconds) and cached;
-/// - file and line numbers need debug info (`debug = "line-tables-only"` or more in the profile
-///   that builds the program). Without it frames keep their function name, with file `??` and
+/// - file and line numbers need debug info (`debug = "limited"` or more in the profile that builds
+///   the program; `"line-tables-only"` names inlined frames without their module path, and such
+///   frames are dropped as not the user's). Without it frames keep their function name, with file
+///   `??` and
 ///   line 0, and calls from one function merge into one node; a function inlined into its
 ///   caller has no frame of its own (one inlined into the standard library disappears with it);
 ///   frames with no symbol at all are dropped. With debug info, inlined calls are recovered.
