@@ -50,10 +50,9 @@ use crate::stack::{StackCapture, StackFrame};
 /// - file and line numbers need debug info (`debug = "limited"` or more in the profile that builds
 ///   the program; `"line-tables-only"` names inlined frames without their module path, and such
 ///   frames are dropped as not the user's). Without it frames keep their function name, with file
-///   `??` and
-///   line 0, and calls from one function merge into one node; a function inlined into its
-///   caller has no frame of its own (one inlined into the standard library disappears with it);
-///   frames with no symbol at all are dropped. With debug info, inlined calls are recovered.
+///   `??` and line 0, and calls from one function merge into one node; a function inlined into
+///   its caller has no frame of its own (one inlined into the standard library disappears with
+///   it); frames with no symbol at all are dropped. With debug info, inlined calls are recovered.
 ///
 /// `max_depth` limits the tree as in CuPy: `max_depth = N` keeps the `N - 1` outermost levels of
 /// frames below the root (1: the root only); 0 keeps every level. With `max_depth = 1` no stack
