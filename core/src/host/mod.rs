@@ -63,9 +63,9 @@ enum Target {
 }
 
 thread_local! {
-    /// The calling thread's per-thread default stream, started on first use; it finishes its
-    /// queue and exits when the thread does.
-    static PER_THREAD: std::cell::OnceCell<Option<PerThread>> = const { std::cell::OnceCell::new() };
+    /// The calling thread's per-thread default stream of each device, started on first use; each
+    /// finishes its queue and exits when the thread does.
+    static PER_THREAD: std::cell::RefCell<Vec<Option<PerThread>>> = const { std::cell::RefCell::new(Vec::new()) };
 }
 
 struct PerThread(Arc<Worker>);
@@ -76,24 +76,27 @@ impl Drop for PerThread {
     }
 }
 
-fn per_thread_worker(api: &'static str) -> Result<Arc<Worker>> {
+fn per_thread_worker(api: &'static str, dev: DeviceId) -> Result<Arc<Worker>> {
+    let i = memory::check_device(api, dev)?;
+    let fail = || err(api, Code::OutOfResources, Some("cannot start the per-thread default stream".into()));
     PER_THREAD
         .try_with(|cell| {
-            cell.get_or_init(|| Worker::spawn(0, StreamFlags::default(), 0).ok().map(PerThread))
-                .as_ref()
-                .map(|p| Arc::clone(&p.0))
+            let mut workers = cell.borrow_mut();
+            if workers.len() <= i {
+                workers.resize_with(i + 1, || None);
+            }
+            if workers[i].is_none() {
+                workers[i] = Some(PerThread(Worker::spawn(dev, StreamFlags::default(), 0)?));
+            }
+            Ok(Arc::clone(&workers[i].as_ref().expect("just started").0))
         })
-        .ok()
-        .flatten()
-        .ok_or_else(|| {
-            err(api, Code::OutOfResources, Some("cannot start the per-thread default stream".into()))
-        })
+        .map_err(|_| fail())?
 }
 
-fn target(api: &'static str, stream: HostStream) -> Result<Target> {
+fn target(api: &'static str, dev: DeviceId, stream: HostStream) -> Result<Target> {
     match stream.0 {
         0 | 1 => Ok(Target::Legacy),
-        2 => per_thread_worker(api).map(Target::Worker),
+        2 => per_thread_worker(api, dev).map(Target::Worker),
         p => {
             let p = p as *const Worker;
             // SAFETY: a handle other than 0, 1, 2 came from `Arc::into_raw` in `stream_create`
@@ -109,7 +112,7 @@ fn target(api: &'static str, stream: HostStream) -> Result<Target> {
 
 /// Runs `op` on `stream`: queued on a worker, or at once on the legacy stream.
 fn enqueue(api: &'static str, dev: DeviceId, stream: HostStream, op: Op) -> Result<()> {
-    match target(api, stream)? {
+    match target(api, dev, stream)? {
         Target::Legacy => {
             join_legacy(dev, api)?;
             op();
@@ -281,20 +284,20 @@ impl Backend for Host {
         worker.shut_down();
         Ok(())
     }
-    fn stream_flags(_dev: DeviceId, stream: HostStream) -> Result<StreamFlags> {
-        match target("cuStreamGetFlags", stream)? {
+    fn stream_flags(dev: DeviceId, stream: HostStream) -> Result<StreamFlags> {
+        match target("cuStreamGetFlags", dev, stream)? {
             Target::Legacy => Ok(StreamFlags::default()),
             Target::Worker(w) => Ok(w.flags),
         }
     }
-    fn stream_priority(_dev: DeviceId, stream: HostStream) -> Result<i32> {
-        match target("cuStreamGetPriority", stream)? {
+    fn stream_priority(dev: DeviceId, stream: HostStream) -> Result<i32> {
+        match target("cuStreamGetPriority", dev, stream)? {
             Target::Legacy => Ok(0),
             Target::Worker(w) => Ok(w.priority),
         }
     }
     fn stream_query(dev: DeviceId, stream: HostStream) -> Result<bool> {
-        match target("cuStreamQuery", stream)? {
+        match target("cuStreamQuery", dev, stream)? {
             Target::Legacy => {
                 join_legacy(dev, "cuStreamQuery")?;
                 Ok(true)
@@ -303,7 +306,7 @@ impl Backend for Host {
         }
     }
     fn stream_synchronize(dev: DeviceId, stream: HostStream) -> Result<()> {
-        match target("cuStreamSynchronize", stream)? {
+        match target("cuStreamSynchronize", dev, stream)? {
             Target::Legacy => join_legacy(dev, "cuStreamSynchronize"),
             Target::Worker(w) => w.synchronize("cuStreamSynchronize"),
         }
@@ -336,7 +339,7 @@ impl Backend for Host {
         )
     }
     fn add_callback(dev: DeviceId, stream: HostStream, callback: StreamCallback) -> Result<()> {
-        match target("cuStreamAddCallback", stream)? {
+        match target("cuStreamAddCallback", dev, stream)? {
             Target::Legacy => {
                 join_legacy(dev, "cuStreamAddCallback")?;
                 callback(Ok(()));
@@ -346,20 +349,20 @@ impl Backend for Host {
         }
     }
 
-    fn begin_capture(_dev: DeviceId, stream: HostStream, mode: CaptureMode) -> Result<()> {
-        match target("cuStreamBeginCapture", stream)? {
+    fn begin_capture(dev: DeviceId, stream: HostStream, mode: CaptureMode) -> Result<()> {
+        match target("cuStreamBeginCapture", dev, stream)? {
             Target::Legacy => Err(err("cuStreamBeginCapture", Code::StreamCaptureUnsupported, None)),
             Target::Worker(w) => w.begin_capture(mode),
         }
     }
-    fn end_capture(_dev: DeviceId, stream: HostStream) -> Result<HostGraph> {
-        match target("cuStreamEndCapture", stream)? {
+    fn end_capture(dev: DeviceId, stream: HostStream) -> Result<HostGraph> {
+        match target("cuStreamEndCapture", dev, stream)? {
             Target::Legacy => Err(err("cuStreamEndCapture", Code::IllegalState, None)),
             Target::Worker(w) => Ok(HostGraph(Arc::new(w.end_capture()?))),
         }
     }
     fn capture_status(dev: DeviceId, stream: HostStream) -> Result<CaptureStatus> {
-        match target("cuStreamGetCaptureInfo", stream)? {
+        match target("cuStreamGetCaptureInfo", dev, stream)? {
             Target::Legacy => {
                 refuse_implicit_capture(dev, "cuStreamGetCaptureInfo").map(|()| CaptureStatus::None)
             }
@@ -370,8 +373,8 @@ impl Backend for Host {
         let ops = Arc::clone(&graph.0);
         enqueue("cuGraphLaunch", dev, stream, Arc::new(move || ops.iter().for_each(|op| op())))
     }
-    fn graph_upload(_dev: DeviceId, _graph: &HostGraph, stream: HostStream) -> Result<()> {
-        target("cuGraphUpload", stream).map(drop)
+    fn graph_upload(dev: DeviceId, _graph: &HostGraph, stream: HostStream) -> Result<()> {
+        target("cuGraphUpload", dev, stream).map(drop)
     }
     fn graph_destroy(_dev: DeviceId, graph: HostGraph) -> Result<()> {
         drop(graph);
@@ -387,7 +390,7 @@ impl Backend for Host {
         Ok(())
     }
     fn event_record(dev: DeviceId, event: &Arc<HostEvent>, stream: HostStream) -> Result<()> {
-        match target("cuEventRecord", stream)? {
+        match target("cuEventRecord", dev, stream)? {
             Target::Legacy => {
                 join_legacy(dev, "cuEventRecord")?;
                 event.record_now();
