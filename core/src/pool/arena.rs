@@ -46,9 +46,9 @@ pub(crate) struct ArenaState<B: Backend> {
     /// Lend a free chunk only if it exceeds the request by at most an eighth (`HoldPeakInUse`):
     /// large free chunks are not cut up for small requests.
     pub(crate) bounded_split: bool,
+    /// Bytes lent out. (Free bytes and free chunks are not counted on the hot path: the pool's
+    /// free bytes are its total less its used bytes, and `n_free` counts when asked.)
     pub(crate) used_bytes: usize,
-    pub(crate) free_bytes: usize,
-    pub(crate) n_free: usize,
     /// Chunks lent out.
     pub(crate) n_lent: usize,
 }
@@ -72,15 +72,18 @@ impl<B: Backend> ArenaState<B> {
             orphaned: false,
             bounded_split: false,
             used_bytes: 0,
-            free_bytes: 0,
-            n_free: 0,
             n_lent: 0,
         }
     }
 
     /// Whether the arena holds no chunk at all (and so no raw memory).
     pub(crate) fn is_empty(&self) -> bool {
-        self.n_free == 0 && self.n_lent == 0
+        self.vacant.len() == self.chunks.len()
+    }
+
+    /// The number of free chunks (counted: this is a statistic, not on the hot path).
+    pub(crate) fn n_free(&self) -> usize {
+        self.chunks.iter().filter(|c| c.state == State::Free).count()
     }
 
     fn new_slot(&mut self, chunk: Chunk) -> u32 {
@@ -104,17 +107,11 @@ impl<B: Backend> ArenaState<B> {
         c.state = State::Free;
         let (size, bin) = (c.size, c.bin);
         self.index.insert(slot, size, bin);
-        self.n_free += 1;
-        self.free_bytes += size;
     }
 
     #[inline]
     fn unmark_free(&mut self, slot: u32) {
-        let c = &self.chunks[slot as usize];
-        let (size, bin) = (c.size, c.bin);
-        self.index.remove(slot, bin);
-        self.n_free -= 1;
-        self.free_bytes -= size;
+        self.index.remove(slot, self.chunks[slot as usize].bin);
     }
 
     /// Sets a chunk's size, and so its bin.
@@ -134,8 +131,6 @@ impl<B: Backend> ArenaState<B> {
     pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
         let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
         let (slot, found) = self.index.take_best(size, max)?;
-        self.n_free -= 1;
-        self.free_bytes -= found;
         self.n_lent += 1;
         self.used_bytes += size;
         if found > size {

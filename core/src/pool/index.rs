@@ -45,7 +45,8 @@ pub(crate) struct FreeIndex {
     heads: Vec<u32>,
     /// Each slot's neighbours in its bin, and its size.
     links: Vec<Link>,
-    /// Bit `b` is set when bin `b` is not empty.
+    /// Bit `b` is set when bin `b` may hold a chunk: always set while it does, and cleared lazily
+    /// (by the search that finds it empty), so emptying a bin on the hot path costs nothing.
     words: [u64; WORDS],
     /// Bit `w` is set when `words[w]` is not 0.
     summary: [u64; SUMMARY],
@@ -91,11 +92,10 @@ impl FreeIndex {
         }
         let head = self.heads[bin];
         self.links[slot as usize] = Link { prev: NIL, next: head, size };
-        if head == NIL {
-            self.set_bit(bin);
-        } else {
+        if head != NIL {
             self.links[head as usize].prev = slot;
         }
+        self.set_bit(bin);
         self.heads[bin] = slot;
     }
 
@@ -110,10 +110,8 @@ impl FreeIndex {
         let Link { prev, next, .. } = self.links[slot as usize];
         if prev == NIL {
             debug_assert_eq!(self.heads[bin], slot, "free index out of step with the arena");
+            // An emptied bin keeps its bit until a search finds it empty.
             self.heads[bin] = next;
-            if next == NIL {
-                self.clear_bit(bin);
-            }
         } else {
             self.links[prev as usize].next = next;
         }
@@ -177,9 +175,21 @@ impl FreeIndex {
         best.map(|(_, slot)| slot)
     }
 
-    /// The first non-empty bin after `bin`.
-    fn first_bin_above(&self, bin: usize) -> Option<usize> {
-        let from = bin + 1;
+    /// The first non-empty bin after `bin`, clearing the bits of the empty bins it meets.
+    fn first_bin_above(&mut self, bin: usize) -> Option<usize> {
+        let mut from = bin + 1;
+        loop {
+            let candidate = self.first_bit_from(from)?;
+            if self.heads.get(candidate).is_some_and(|&h| h != NIL) {
+                return Some(candidate);
+            }
+            self.clear_bit(candidate);
+            from = candidate + 1;
+        }
+    }
+
+    /// The first set bit at or after `from`.
+    fn first_bit_from(&self, from: usize) -> Option<usize> {
         if from >= BINS {
             return None;
         }

@@ -585,7 +585,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     /// The number of free chunks in all arenas (split remainders counted separately).
     #[must_use]
     pub fn n_free_blocks(&self) -> usize {
-        self.sum_arenas(|st| st.n_free)
+        self.sum_arenas(ArenaState::n_free)
     }
 
     /// Sets the limit on bytes held from the device (CuPy's `set_limit(size=..)` or
