@@ -624,8 +624,19 @@ pub(crate) fn resolve<B: Backend>(stream: Option<&Stream<B>>) -> (B::Stream, Dev
     match stream {
         Some(s) => (s.handle(), s.run_device(), s.ptr()),
         None => {
-            let s = Stream::<B>::current();
-            (s.handle(), s.run_device(), s.ptr())
+            // The current stream without making a `Stream` (the default one would be a new
+            // allocation each time).
+            let dev = current_device::<B>();
+            let current = B::thread_state().with(|ts| {
+                let streams = ts.streams.borrow();
+                let s = usize::try_from(dev).ok().and_then(|i| streams.get(i)).and_then(Option::as_ref)?;
+                Some((s.handle(), s.device_id().unwrap_or(dev), s.ptr()))
+            });
+            current.unwrap_or_else(|| {
+                let handle =
+                    if per_thread_default_stream() { B::per_thread_stream() } else { B::null_stream() };
+                (handle, dev, B::stream_to_raw(handle))
+            })
         }
     }
 }
