@@ -125,6 +125,7 @@ fn driver_presence_decides_every_answer() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with one"]
 fn captured_graph_replays_memsets_copies_and_host_functions() {
     require_gpu();
+    let _serial = capture_lock();
     const N: usize = 1 << 16;
     const HALF: usize = N / 2;
     let pool = MemoryPool::<Cuda>::new();
@@ -303,6 +304,7 @@ fn driver_errors_are_mapped_with_name_code_and_text() {
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with one"]
 fn backend_operations_on_one_gpu() {
     require_gpu();
+    let _serial = capture_lock();
     let device = Device::<Cuda>::new(0);
     let props = device.properties().expect("properties");
     assert!(!props.name.is_empty());
@@ -385,4 +387,11 @@ fn backend_operations_on_one_gpu() {
     let other = Stream::<Cuda>::non_blocking().expect("stream");
     other.wait_event(&end).expect("wait_event");
     other.synchronize().expect("synchronize");
+}
+
+/// Serialises the test that captures with the test that synchronises the whole device: CUDA refuses
+/// a device-wide synchronisation while any stream captures, and tests run in parallel.
+fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

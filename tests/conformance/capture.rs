@@ -10,6 +10,7 @@ use crate::conformance;
 
 conformance! {
     fn captured_work_replays_three_times() {
+        let _serial = crate::common::capture_lock();
         let s = Stream::non_blocking().unwrap();
         if !supports_capture() {
             assert!(matches!(s.begin_capture(None), Err(Error::Unsupported { .. })));
@@ -52,6 +53,7 @@ conformance! {
     }
 
     fn capture_is_refused_on_the_default_streams() {
+        let _serial = crate::common::capture_lock();
         for s in [Stream::null(), gpumem::core::Stream::legacy()] {
             let err = s.begin_capture(None).unwrap_err();
             assert_eq!(err.to_string(), "invalid argument: cannot capture on the default (legacy) stream");
@@ -59,6 +61,7 @@ conformance! {
     }
 
     fn synchronous_transfers_are_refused_while_capturing() {
+        let _serial = crate::common::capture_lock();
         if !supports_capture() {
             return;
         }
@@ -89,6 +92,7 @@ conformance! {
     }
 
     fn an_invalidated_capture_is_an_error_not_false() {
+        let _serial = crate::common::capture_lock();
         if !supports_capture() {
             return;
         }

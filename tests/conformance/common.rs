@@ -36,3 +36,11 @@ pub fn read(p: &gpumem::MemoryPointer, n: usize) -> Vec<u8> {
     p.copy_to_host(&mut out, n).expect("copy_to_host");
     out
 }
+
+/// Serialises the tests that capture with the tests that synchronise a whole device: CUDA refuses
+/// a device-wide synchronisation while any stream of the device captures, and the tests of this
+/// binary run in parallel.
+pub fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}

@@ -6,6 +6,7 @@ use crate::conformance;
 
 conformance! {
     fn device_basics() {
+        let _serial = crate::common::capture_lock();
         let n = Device::count().unwrap();
         assert!(n >= 1);
         assert_eq!(Device::current().id(), 0, "a thread starts on device 0");
