@@ -97,8 +97,13 @@ impl<B: Backend> ThreadState<B> {
 
     /// The current stream of `dev`, if one was set (`None`: the default stream).
     pub(crate) fn stream_of(&self, dev: DeviceId) -> Option<Stream<B>> {
+        self.with_stream_of(dev, Stream::clone)
+    }
+
+    /// Applies `f` to the current stream of `dev`, if one was set, without cloning it.
+    pub(crate) fn with_stream_of<R>(&self, dev: DeviceId, f: impl FnOnce(&Stream<B>) -> R) -> Option<R> {
         let streams = self.streams.borrow();
-        usize::try_from(dev).ok().and_then(|i| streams.get(i).cloned().flatten())
+        usize::try_from(dev).ok().and_then(|i| streams.get(i)).and_then(Option::as_ref).map(f)
     }
 
     /// Makes `stream` (`None`: the default) current for `dev` and returns what was current.

@@ -627,11 +627,8 @@ pub(crate) fn resolve<B: Backend>(stream: Option<&Stream<B>>) -> (B::Stream, Dev
             // The current stream without making a `Stream` (the default one would be a new
             // allocation each time).
             let dev = current_device::<B>();
-            let current = B::thread_state().with(|ts| {
-                let streams = ts.streams.borrow();
-                let s = usize::try_from(dev).ok().and_then(|i| streams.get(i)).and_then(Option::as_ref)?;
-                Some((s.handle(), s.device_id().unwrap_or(dev), s.ptr()))
-            });
+            let current = B::thread_state()
+                .with(|ts| ts.with_stream_of(dev, |s| (s.handle(), s.device_id().unwrap_or(dev), s.ptr())));
             current.unwrap_or_else(|| {
                 let handle =
                     if per_thread_default_stream() { B::per_thread_stream() } else { B::null_stream() };
