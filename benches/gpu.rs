@@ -27,8 +27,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use gpumem::core::{GraphOps, MemoryOps, StreamOps};
 use gpumem::{
-    hooks, Backend, BaseMemory, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy,
+    hooks, BaseMemory, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy,
     MemoryPointer, PinnedMemoryPointer, RawAllocator, SingleDeviceMemoryPool, Stream,
 };
 
@@ -154,7 +155,7 @@ fn median(v: &mut [f64]) -> f64 {
 /// The host backend runs this program too, to check it; its anchors are slow and meaningless, so
 /// they run fewer iterations.
 fn on_host() -> bool {
-    <B as Backend>::NAME == "host"
+    <B as gpumem::core::Api>::NAME == "host"
 }
 
 fn dev() -> DeviceId {
@@ -187,7 +188,8 @@ fn allocation(report: &mut Report) {
         let ours = median(pooled.get_mut(&size).unwrap());
         let ptr_path = median(pointer.get_mut(&size).unwrap());
         let h = stream.handle();
-        let async_anchor = if B::malloc_async(dev(), size, h)
+        // SAFETY: `stream` outlives every use of its handle `h` in this block.
+        let async_anchor = if unsafe { B::malloc_async(dev(), size, h) }
             .and_then(|p| {
                 // SAFETY: `p` was just allocated on `h` and nothing uses it.
                 unsafe { B::free_async(dev(), p, h) }
@@ -197,9 +199,12 @@ fn allocation(report: &mut Report) {
             let t = ns_per_iter(9, if on_host() { 200 } else { 20_000 }, || {
                 // The host backend frees when its stream thread reaches the free, which can lag
                 // behind; a GPU reuses the memory at once. Wait for the stream if it lags.
-                let p = B::malloc_async(dev(), black_box(size), h).unwrap_or_else(|_| {
-                    B::stream_synchronize(dev(), h).unwrap();
-                    B::malloc_async(dev(), size, h).unwrap()
+                // SAFETY: `stream` is alive, so `h` is.
+                let p = unsafe { B::malloc_async(dev(), black_box(size), h) }.unwrap_or_else(|_| {
+                    // SAFETY: as above.
+                    unsafe { B::stream_synchronize(dev(), h).unwrap() };
+                    // SAFETY: as above.
+                    unsafe { B::malloc_async(dev(), size, h).unwrap() }
                 });
                 // SAFETY: `p` was just allocated on `h` and nothing uses it.
                 unsafe { B::free_async(dev(), p, h).unwrap() };
@@ -314,7 +319,8 @@ fn threads(report: &mut Report) {
         let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, |s, iters| {
             let h = s.handle();
             for _ in 0..iters {
-                let Ok(ptr) = B::malloc_async(dev(), 4096, h) else { return };
+                // SAFETY: `s` is alive for the loop, so its handle is.
+                let Ok(ptr) = (unsafe { B::malloc_async(dev(), 4096, h) }) else { return };
                 // SAFETY: just allocated on `h`, unused.
                 unsafe { B::free_async(dev(), ptr, h).unwrap() };
             }
@@ -556,16 +562,19 @@ fn graphs(report: &mut Report) {
         return;
     };
     let (d, h) = (dev(), s.handle());
-    B::begin_capture(d, h, gpumem::CaptureMode::Relaxed).unwrap();
+    // SAFETY: `s` outlives every use of its handle `h` below.
+    unsafe { B::begin_capture(d, h, gpumem::CaptureMode::Relaxed).unwrap() };
     for i in 0..OPS {
         // SAFETY: the range lies in `buf`, which outlives the graph's launches below.
         unsafe { B::memset_async(d, buf.ptr() + i * SIZE, i as u8, SIZE, h).unwrap() };
     }
-    let raw_graph = B::end_capture(d, h).unwrap();
+    // SAFETY: as above.
+    let raw_graph = unsafe { B::end_capture(d, h).unwrap() };
     let (replay, raw) = device_ms_pair(
         &s,
         || typed_graph.launch(Some(&s)).unwrap(),
-        || B::graph_launch(d, &raw_graph, h).unwrap(),
+        // SAFETY: as above.
+        || unsafe { B::graph_launch(d, &raw_graph, h).unwrap() },
     );
     B::graph_destroy(d, raw_graph).unwrap();
     report.add(
@@ -590,14 +599,14 @@ fn graphs(report: &mut Report) {
 
 /// A raw allocator that counts the bytes it holds and their peak.
 struct Counting {
-    inner: Arc<dyn RawAllocator<B>>,
+    inner: DeviceAllocator,
     held: Arc<AtomicUsize>,
     peak: AtomicUsize,
 }
 
 #[derive(Debug)]
 struct Counted {
-    mem: Box<dyn BaseMemory<B>>,
+    mem: gpumem::Memory,
     held: Arc<AtomicUsize>,
 }
 
@@ -620,23 +629,37 @@ impl Drop for Counted {
     }
 }
 
-impl RawAllocator<B> for Counting {
-    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Box<dyn BaseMemory<B>>> {
+impl gpumem::RawBlock for Counted {
+    fn address(&self) -> usize {
+        self.mem.ptr()
+    }
+    fn size(&self) -> usize {
+        BaseMemory::<B>::size(&self.mem)
+    }
+    fn device(&self) -> DeviceId {
+        self.mem.device_id()
+    }
+}
+
+impl RawAllocator for Counting {
+    type Block = Counted;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Counted> {
         let mem = self.inner.allocate(device, size)?;
         let now = self.held.fetch_add(size, Ordering::Relaxed) + size;
         self.peak.fetch_max(now, Ordering::Relaxed);
-        Ok(Box::new(Counted { mem, held: Arc::clone(&self.held) }))
+        Ok(Counted { mem, held: Arc::clone(&self.held) })
     }
 }
 
 /// Replays a trace through a pool with `policy`; returns peak bytes held over peak bytes in use.
 fn replay(steps: &[trace::Step], policy: GrowthPolicy) -> f64 {
     let counting = Arc::new(Counting {
-        inner: Arc::new(DeviceAllocator),
+        inner: DeviceAllocator::new(),
         held: Arc::new(AtomicUsize::new(0)),
         peak: AtomicUsize::new(0),
     });
-    let pool = SingleDeviceMemoryPool::with_allocator(dev(), counting.clone()).unwrap();
+    let pool = gpumem::core::SingleDeviceMemoryPool::<B, _>::with_allocator(dev(), counting.clone()).unwrap();
     pool.set_growth_policy(policy);
     let n_streams = steps
         .iter()
@@ -727,7 +750,7 @@ fn main() {
     }
     let dir = std::env::var("GPUMEM_BENCH_DIR").ok();
     let props = gpumem::Device::current().properties().expect("a device");
-    eprintln!("gpumem {} backend, device 0: {}", <B as Backend>::NAME, props.name);
+    eprintln!("gpumem {} backend, device 0: {}", <B as gpumem::core::Api>::NAME, props.name);
     let mut report = Report { rows: Vec::new(), anchors: read_anchors(dir.as_deref()) };
     let only = std::env::var("GPUMEM_BENCH_ONLY").ok();
     let run = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));

@@ -50,15 +50,15 @@
 pub struct ReadmeDoctests;
 
 pub use gpumem_core as core;
-pub use gpumem_core::backend::{
-    Backend, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, MemInfo,
+pub use gpumem_core::hal::{
+    Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, MemInfo,
     StreamFlags,
 };
 pub use gpumem_core::hooks::{self, AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use gpumem_core::{
-    round_size, Allocator, BaseMemory, CopySource, DeviceAllocator, Error, GrowthPolicy, HookError, Limit,
-    PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, Result, StreamOptions, ALLOCATION_UNIT_SIZE,
-    LIMIT_ENV,
+    round_size, take_deferred_error, Allocator, BaseMemory, CopySource, Error, FnAllocator, GrowthPolicy,
+    HookError, Limit, PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, RawBlock, Result, Runtime,
+    StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
 pub use gpumem_hooks::{DebugPrintHook, LineProfileHook};
 
@@ -86,6 +86,8 @@ cfg_if::cfg_if! {
 
 /// A device of the default backend (CuPy's `cupy.cuda.Device`).
 pub type Device = gpumem_core::Device<DefaultBackend>;
+/// The default backend's device allocator (each raw block a [`Memory`]).
+pub type DeviceAllocator = gpumem_core::DeviceAllocator<DefaultBackend>;
 /// Restores the previous device when dropped.
 pub type DeviceGuard = gpumem_core::DeviceGuard<DefaultBackend>;
 /// One raw device allocation (CuPy's `Memory`).
@@ -93,7 +95,7 @@ pub type Memory = gpumem_core::Memory<DefaultBackend>;
 /// Foreign device memory kept alive through an owner (CuPy's `UnownedMemory`).
 pub type UnownedMemory = gpumem_core::UnownedMemory<DefaultBackend>;
 /// A chunk lent by a pool (CuPy's `PooledMemory`).
-pub type PooledMemory = gpumem_core::PooledMemory<DefaultBackend>;
+pub type PooledMemory = gpumem_core::PooledMemory<DeviceAllocator>;
 /// A pointer into device memory (CuPy's `MemoryPointer`).
 pub type MemoryPointer = gpumem_core::MemoryPointer<DefaultBackend>;
 /// One pinned host allocation (CuPy's `PinnedMemory`).

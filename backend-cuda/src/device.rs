@@ -13,7 +13,9 @@ use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
 use cudarc::driver::sys::{self, CUcontext, CUctx_st, CUdevice, CUdevice_attribute, CUresult};
-use gpumem_core::{DeviceId, DeviceProperties, DevicePtr, Error, MemInfo, Result};
+use gpumem_core::{DeviceId, DeviceOps, DeviceProperties, DevicePtr, Error, MemInfo, Result};
+
+use crate::Cuda;
 
 use crate::result::{
     self, check, code, BACKEND, ERROR_INVALID_VALUE, ERROR_PEER_ACCESS_ALREADY_ENABLED, SUCCESS,
@@ -79,18 +81,6 @@ fn enumerate() -> std::result::Result<Devices, (&'static str, CUresult)> {
         });
     }
     Ok(Devices { slots: slots.into_boxed_slice(), retain: Mutex::new(()) })
-}
-
-/// The number of devices.
-///
-/// # Errors
-///
-/// `DriverNotFound`; `NoDevice` when the driver reports none; the driver's error.
-pub(crate) fn count() -> Result<usize> {
-    match devices()?.slots.len() {
-        0 => Err(Error::NoDevice { backend: BACKEND }),
-        n => Ok(n),
-    }
 }
 
 /// The slot of device `dev`.
@@ -175,17 +165,6 @@ pub(crate) fn make_current(dev: DeviceId) -> Result<&'static DeviceSlot> {
     Ok(slot)
 }
 
-/// Makes `dev`'s primary context current, always calling `cuCtxSetCurrent`: an explicit device
-/// switch also repairs the cache after code outside gpumem changed the thread's context.
-///
-/// # Errors
-///
-/// As [`make_current`].
-pub(crate) fn set_device(dev: DeviceId) -> Result<()> {
-    let ctx = context(slot(dev)?)?;
-    set_current(ctx)
-}
-
 /// One integer attribute of a device.
 ///
 /// # Errors
@@ -199,138 +178,8 @@ pub(crate) fn attribute(slot: &DeviceSlot, attribute: CUdevice_attribute) -> Res
     Ok(value)
 }
 
-/// The device's properties. Device queries need no context, so none is created for them.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) fn properties(dev: DeviceId) -> Result<DeviceProperties> {
-    use CUdevice_attribute::*;
-    let slot = slot(dev)?;
-    let mut name: [c_char; 256] = [0; 256];
-    // SAFETY: the buffer holds `len` bytes, which the driver fills with a NUL-terminated name
-    // (truncated to fit).
-    check("cuDeviceGetName", unsafe {
-        sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, slot.handle)
-    })?;
-    // `c_char` is `i8` or `u8` by platform; the bytes are the same.
-    let name: Vec<u8> = name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
-    let mut total_memory: usize = 0;
-    // SAFETY: `total_memory` is a valid out-pointer; the handle is the driver's.
-    check("cuDeviceTotalMem_v2", unsafe { sys::cuDeviceTotalMem_v2(&mut total_memory, slot.handle) })?;
-    Ok(DeviceProperties {
-        name: String::from_utf8_lossy(&name).into_owned(),
-        total_memory,
-        compute_capability: (
-            attribute(slot, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
-            attribute(slot, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
-        ),
-        multiprocessor_count: attribute(slot, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
-        memory_pools_supported: attribute(slot, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0,
-        unified_addressing: attribute(slot, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
-    })
-}
-
-/// Free and total memory of the device (`cuMemGetInfo`, in the device's context).
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) fn mem_info(dev: DeviceId) -> Result<MemInfo> {
-    make_current(dev)?;
-    let (mut free, mut total) = (0usize, 0usize);
-    // SAFETY: the device's context is current; both are valid out-pointers.
-    check("cuMemGetInfo_v2", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
-    Ok(MemInfo { free, total })
-}
-
-/// Waits for all work in the device's context.
-///
-/// # Errors
-///
-/// The driver's error, including a sticky error of earlier work.
-pub(crate) fn synchronize(dev: DeviceId) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the device's context is current.
-    check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
-}
-
-/// Whether `dev` can access `peer`'s memory directly (false for a device and itself, as CUDA
-/// answers).
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) fn can_access_peer(dev: DeviceId, peer: DeviceId) -> Result<bool> {
-    let (dev, peer) = (slot(dev)?, slot(peer)?);
-    let mut can: c_int = 0;
-    // SAFETY: both handles are the driver's; `can` is a valid out-pointer.
-    check("cuDeviceCanAccessPeer", unsafe { sys::cuDeviceCanAccessPeer(&mut can, dev.handle, peer.handle) })?;
-    Ok(can != 0)
-}
-
-/// Lets `dev`'s context access `peer`'s memory: `cuCtxEnablePeerAccess` from `dev`'s primary
-/// context to `peer`'s. Access already enabled is success (CuPy ignores that error too).
-///
-/// # Errors
-///
-/// The driver's error (peers that cannot reach each other, a device and itself).
-pub(crate) fn enable_peer_access(dev: DeviceId, peer: DeviceId) -> Result<()> {
-    let peer_ctx = context(slot(peer)?)?;
-    make_current(dev)?;
-    // SAFETY: `dev`'s context is current and `peer_ctx` is a retained primary context; the
-    // flags must be 0.
-    let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
-    match code(r) {
-        SUCCESS | ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
-        _ => Err(result::error("cuCtxEnablePeerAccess", r)),
-    }
-}
-
 /// `CU_MEMORYTYPE_HOST`, as the integer `CU_POINTER_ATTRIBUTE_MEMORY_TYPE` writes.
 const MEMORYTYPE_HOST: c_uint = 1;
-
-/// The device of a pointer: `Some` for device (and managed) memory, `None` for host memory,
-/// pinned or not, and for addresses the driver does not know.
-///
-/// # Errors
-///
-/// `DriverNotFound`, `NoDevice`; the driver's error other than "not a CUDA pointer".
-pub(crate) fn pointer_device(ptr: DevicePtr) -> Result<Option<DeviceId>> {
-    ensure_context()?;
-    let address = ptr as sys::CUdeviceptr;
-    let mut memory_type: c_uint = 0;
-    // SAFETY: a context is current; the attribute is written as an `unsigned int` (the C enum
-    // `CUmemorytype`), which `memory_type` is, and read back as that integer.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut memory_type as *mut c_uint).cast::<c_void>(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
-            address,
-        )
-    };
-    match code(r) {
-        SUCCESS if memory_type == MEMORYTYPE_HOST => return Ok(None),
-        SUCCESS => {}
-        // An address the driver does not know (pageable host memory, say).
-        ERROR_INVALID_VALUE => return Ok(None),
-        _ => return Err(result::error("cuPointerGetAttribute", r)),
-    }
-    let mut ordinal: c_int = -1;
-    // SAFETY: as above; the device ordinal is written as an `int`.
-    let r = unsafe {
-        sys::cuPointerGetAttribute(
-            (&mut ordinal as *mut c_int).cast::<c_void>(),
-            sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-            address,
-        )
-    };
-    match code(r) {
-        SUCCESS if ordinal >= 0 => Ok(Some(ordinal)),
-        SUCCESS | ERROR_INVALID_VALUE => Ok(None),
-        _ => Err(result::error("cuPointerGetAttribute", r)),
-    }
-}
 
 /// Makes sure the calling thread has a current context (device 0's primary context when it has
 /// none), for queries that take no device.
@@ -346,4 +195,161 @@ fn ensure_context() -> Result<()> {
         make_current(0)?;
     }
     Ok(())
+}
+
+impl DeviceOps for Cuda {
+    /// The number of devices.
+    ///
+    /// # Errors
+    ///
+    /// `DriverNotFound`; `NoDevice` when the driver reports none; the driver's error.
+    fn device_count() -> Result<usize> {
+        match devices()?.slots.len() {
+            0 => Err(Error::NoDevice { backend: BACKEND }),
+            n => Ok(n),
+        }
+    }
+
+    /// Makes `dev`'s primary context current, always calling `cuCtxSetCurrent`: an explicit device
+    /// switch also repairs the cache after code outside gpumem changed the thread's context.
+    ///
+    /// # Errors
+    ///
+    /// As [`make_current`].
+    fn set_device(dev: DeviceId) -> Result<()> {
+        let ctx = context(slot(dev)?)?;
+        set_current(ctx)
+    }
+
+    /// The device's properties. Device queries need no context, so none is created for them.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    fn device_properties(dev: DeviceId) -> Result<DeviceProperties> {
+        use CUdevice_attribute::*;
+        let slot = slot(dev)?;
+        let mut name: [c_char; 256] = [0; 256];
+        // SAFETY: the buffer holds `len` bytes, which the driver fills with a NUL-terminated name
+        // (truncated to fit).
+        check("cuDeviceGetName", unsafe {
+            sys::cuDeviceGetName(name.as_mut_ptr(), name.len() as c_int, slot.handle)
+        })?;
+        // `c_char` is `i8` or `u8` by platform; the bytes are the same.
+        let name: Vec<u8> = name.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+        let mut total_memory: usize = 0;
+        // SAFETY: `total_memory` is a valid out-pointer; the handle is the driver's.
+        check("cuDeviceTotalMem_v2", unsafe { sys::cuDeviceTotalMem_v2(&mut total_memory, slot.handle) })?;
+        Ok(DeviceProperties {
+            name: String::from_utf8_lossy(&name).into_owned(),
+            total_memory,
+            compute_capability: (
+                attribute(slot, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR)?,
+                attribute(slot, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR)?,
+            ),
+            multiprocessor_count: attribute(slot, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?,
+            memory_pools_supported: attribute(slot, CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0,
+            unified_addressing: attribute(slot, CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING)? != 0,
+        })
+    }
+
+    /// Free and total memory of the device (`cuMemGetInfo`, in the device's context).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    fn mem_get_info(dev: DeviceId) -> Result<MemInfo> {
+        make_current(dev)?;
+        let (mut free, mut total) = (0usize, 0usize);
+        // SAFETY: the device's context is current; both are valid out-pointers.
+        check("cuMemGetInfo_v2", unsafe { sys::cuMemGetInfo_v2(&mut free, &mut total) })?;
+        Ok(MemInfo { free, total })
+    }
+
+    /// Waits for all work in the device's context.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error, including a sticky error of earlier work.
+    fn device_synchronize(dev: DeviceId) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the device's context is current.
+        check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
+    }
+
+    /// Whether `dev` can access `peer`'s memory directly (false for a device and itself, as CUDA
+    /// answers).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    fn can_access_peer(dev: DeviceId, peer: DeviceId) -> Result<bool> {
+        let (dev, peer) = (slot(dev)?, slot(peer)?);
+        let mut can: c_int = 0;
+        // SAFETY: both handles are the driver's; `can` is a valid out-pointer.
+        check("cuDeviceCanAccessPeer", unsafe {
+            sys::cuDeviceCanAccessPeer(&mut can, dev.handle, peer.handle)
+        })?;
+        Ok(can != 0)
+    }
+
+    /// Lets `dev`'s context access `peer`'s memory: `cuCtxEnablePeerAccess` from `dev`'s primary
+    /// context to `peer`'s. Access already enabled is success (CuPy ignores that error too).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (peers that cannot reach each other, a device and itself).
+    fn enable_peer_access(dev: DeviceId, peer: DeviceId) -> Result<()> {
+        let peer_ctx = context(slot(peer)?)?;
+        make_current(dev)?;
+        // SAFETY: `dev`'s context is current and `peer_ctx` is a retained primary context; the
+        // flags must be 0.
+        let r = unsafe { sys::cuCtxEnablePeerAccess(peer_ctx, 0) };
+        match code(r) {
+            SUCCESS | ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+            _ => Err(result::error("cuCtxEnablePeerAccess", r)),
+        }
+    }
+
+    /// The device of a pointer: `Some` for device (and managed) memory, `None` for host memory,
+    /// pinned or not, and for addresses the driver does not know.
+    ///
+    /// # Errors
+    ///
+    /// `DriverNotFound`, `NoDevice`; the driver's error other than "not a CUDA pointer".
+    fn pointer_device(ptr: DevicePtr) -> Result<Option<DeviceId>> {
+        ensure_context()?;
+        let address = ptr as sys::CUdeviceptr;
+        let mut memory_type: c_uint = 0;
+        // SAFETY: a context is current; the attribute is written as an `unsigned int` (the C enum
+        // `CUmemorytype`), which `memory_type` is, and read back as that integer.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut memory_type as *mut c_uint).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                address,
+            )
+        };
+        match code(r) {
+            SUCCESS if memory_type == MEMORYTYPE_HOST => return Ok(None),
+            SUCCESS => {}
+            // An address the driver does not know (pageable host memory, say).
+            ERROR_INVALID_VALUE => return Ok(None),
+            _ => return Err(result::error("cuPointerGetAttribute", r)),
+        }
+        let mut ordinal: c_int = -1;
+        // SAFETY: as above; the device ordinal is written as an `int`.
+        let r = unsafe {
+            sys::cuPointerGetAttribute(
+                (&mut ordinal as *mut c_int).cast::<c_void>(),
+                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                address,
+            )
+        };
+        match code(r) {
+            SUCCESS if ordinal >= 0 => Ok(Some(ordinal)),
+            SUCCESS | ERROR_INVALID_VALUE => Ok(None),
+            _ => Err(result::error("cuPointerGetAttribute", r)),
+        }
+    }
 }

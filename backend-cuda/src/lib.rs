@@ -1,7 +1,7 @@
-//! gpumem's CUDA backend: [`Cuda`] implements [`gpumem_core::Backend`] on the CUDA driver API.
+//! gpumem's CUDA backend: [`Cuda`] implements [`gpumem_core::Backend`] (each file implements one of its traits) on the CUDA driver API.
 //!
 //! It translates each backend operation into one driver call (or a few), following the contract
-//! in [`gpumem_core::backend`]: it validates nothing the typed layer already checked, keeps no
+//! in [`gpumem_core::hal`]: it validates nothing the typed layer already checked, keeps no
 //! pool of its own, and never panics, also when the driver is missing.
 //!
 //! # The driver and cudarc
@@ -74,19 +74,16 @@ compile_error!("gpumem-cuda needs a 64-bit target");
 
 mod device;
 mod event;
+mod graph;
 mod memory;
 mod result;
 mod stream;
 
-use std::ffi::c_void;
-
-use gpumem_core::{
-    Backend, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
-    Result, StreamCallback, StreamFlags,
-};
+use gpumem_core::{Api, Caps, Runtime};
 
 pub use event::CudaEvent;
-pub use stream::{CudaGraph, CudaStream};
+pub use graph::CudaGraph;
+pub use stream::CudaStream;
 
 /// Whether the NVIDIA driver library (libcuda) can be loaded on this machine, asked once per
 /// process. When it cannot, every operation of [`Cuda`] returns
@@ -101,180 +98,20 @@ pub fn driver_library_present() -> bool {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Cuda;
 
-impl Backend for Cuda {
+impl Api for Cuda {
     const NAME: &'static str = "cuda";
+    const CAPS: Caps = Caps {
+        capture: true,
+        stream_ordered_allocation: true,
+        host_functions: true,
+        virtual_memory: false,
+        peer_access: true,
+    };
     type Stream = CudaStream;
     type Event = CudaEvent;
     type Graph = CudaGraph;
+}
 
-    gpumem_core::backend_statics!(Cuda);
-
-    fn null_stream() -> CudaStream {
-        CudaStream::NULL
-    }
-    fn legacy_stream() -> CudaStream {
-        CudaStream::LEGACY
-    }
-    fn per_thread_stream() -> CudaStream {
-        CudaStream::PER_THREAD
-    }
-    fn stream_to_raw(stream: CudaStream) -> usize {
-        stream.to_usize()
-    }
-    unsafe fn stream_from_raw(raw: usize) -> CudaStream {
-        // SAFETY: forwarded to the caller (0, 1, 2 or a live stream).
-        unsafe { CudaStream::from_usize(raw) }
-    }
-
-    fn device_count() -> Result<usize> {
-        device::count()
-    }
-    fn set_device(dev: DeviceId) -> Result<()> {
-        device::set_device(dev)
-    }
-    fn device_properties(dev: DeviceId) -> Result<DeviceProperties> {
-        device::properties(dev)
-    }
-    fn mem_get_info(dev: DeviceId) -> Result<MemInfo> {
-        device::mem_info(dev)
-    }
-    fn device_synchronize(dev: DeviceId) -> Result<()> {
-        device::synchronize(dev)
-    }
-    fn can_access_peer(dev: DeviceId, peer: DeviceId) -> Result<bool> {
-        device::can_access_peer(dev, peer)
-    }
-    fn enable_peer_access(dev: DeviceId, peer: DeviceId) -> Result<()> {
-        device::enable_peer_access(dev, peer)
-    }
-    fn pointer_device(ptr: DevicePtr) -> Result<Option<DeviceId>> {
-        device::pointer_device(ptr)
-    }
-
-    fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
-        memory::malloc(dev, size)
-    }
-    unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::free(dev, ptr) }
-    }
-    fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
-        memory::malloc_host(dev, size)
-    }
-    unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::free_host(dev, ptr) }
-    }
-    fn malloc_async(dev: DeviceId, size: usize, stream: CudaStream) -> Result<DevicePtr> {
-        memory::malloc_async(dev, size, stream)
-    }
-    unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: CudaStream) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::free_async(dev, ptr, stream) }
-    }
-
-    unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memcpy(dev, dst, src, n) }
-    }
-    unsafe fn memcpy_async(
-        dev: DeviceId,
-        dst: DevicePtr,
-        src: DevicePtr,
-        n: usize,
-        stream: CudaStream,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memcpy_async(dev, dst, src, n, stream) }
-    }
-    unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memset(dev, dst, value, n) }
-    }
-    unsafe fn memset_async(
-        dev: DeviceId,
-        dst: DevicePtr,
-        value: u8,
-        n: usize,
-        stream: CudaStream,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memset_async(dev, dst, value, n, stream) }
-    }
-
-    fn stream_priority_range(dev: DeviceId) -> Result<(i32, i32)> {
-        stream::priority_range(dev)
-    }
-    fn stream_create(dev: DeviceId, flags: StreamFlags, priority: i32) -> Result<CudaStream> {
-        stream::create(dev, flags, priority)
-    }
-    unsafe fn stream_destroy(dev: DeviceId, stream: CudaStream) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { stream::destroy(dev, stream) }
-    }
-    fn stream_flags(dev: DeviceId, stream: CudaStream) -> Result<StreamFlags> {
-        stream::flags(dev, stream)
-    }
-    fn stream_priority(dev: DeviceId, stream: CudaStream) -> Result<i32> {
-        stream::priority(dev, stream)
-    }
-    fn stream_query(dev: DeviceId, stream: CudaStream) -> Result<bool> {
-        stream::query(dev, stream)
-    }
-    fn stream_synchronize(dev: DeviceId, stream: CudaStream) -> Result<()> {
-        stream::synchronize(dev, stream)
-    }
-    fn stream_wait_event(dev: DeviceId, stream: CudaStream, event: &CudaEvent) -> Result<()> {
-        stream::wait_event(dev, stream, event)
-    }
-    unsafe fn launch_host_func(
-        dev: DeviceId,
-        stream: CudaStream,
-        func: HostFn,
-        data: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { stream::launch_host_func(dev, stream, func, data) }
-    }
-    fn add_callback(dev: DeviceId, stream: CudaStream, callback: StreamCallback) -> Result<()> {
-        stream::add_callback(dev, stream, callback)
-    }
-
-    fn begin_capture(dev: DeviceId, stream: CudaStream, mode: CaptureMode) -> Result<()> {
-        stream::begin_capture(dev, stream, mode)
-    }
-    fn end_capture(dev: DeviceId, stream: CudaStream) -> Result<CudaGraph> {
-        stream::end_capture(dev, stream)
-    }
-    fn capture_status(dev: DeviceId, stream: CudaStream) -> Result<CaptureStatus> {
-        stream::capture_status(dev, stream)
-    }
-    fn graph_launch(dev: DeviceId, graph: &CudaGraph, stream: CudaStream) -> Result<()> {
-        stream::graph_launch(dev, graph, stream)
-    }
-    fn graph_upload(dev: DeviceId, graph: &CudaGraph, stream: CudaStream) -> Result<()> {
-        stream::graph_upload(dev, graph, stream)
-    }
-    fn graph_destroy(dev: DeviceId, graph: CudaGraph) -> Result<()> {
-        stream::graph_destroy(dev, graph)
-    }
-
-    fn event_create(dev: DeviceId, flags: EventFlags) -> Result<CudaEvent> {
-        event::create(dev, flags)
-    }
-    fn event_destroy(dev: DeviceId, event: CudaEvent) -> Result<()> {
-        event::destroy(dev, event)
-    }
-    fn event_record(dev: DeviceId, event: &CudaEvent, stream: CudaStream) -> Result<()> {
-        event::record(dev, event, stream)
-    }
-    fn event_query(dev: DeviceId, event: &CudaEvent) -> Result<bool> {
-        event::query(dev, event)
-    }
-    fn event_synchronize(dev: DeviceId, event: &CudaEvent) -> Result<()> {
-        event::synchronize(dev, event)
-    }
-    fn event_elapsed_ms(dev: DeviceId, start: &CudaEvent, end: &CudaEvent) -> Result<f32> {
-        event::elapsed_ms(dev, start, end)
-    }
+impl Runtime for Cuda {
+    gpumem_core::runtime_statics!(Cuda);
 }

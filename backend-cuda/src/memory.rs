@@ -14,107 +14,18 @@ use std::ffi::c_void;
 use std::ptr;
 
 use cudarc::driver::sys::{self, CUdevice_attribute, CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
-use gpumem_core::{DeviceId, DevicePtr, Error, Result};
+use gpumem_core::{DeviceId, DevicePtr, Error, MemoryOps, Result};
 
 use crate::device::{self, make_current, DeviceSlot};
 use crate::result::{check, check_alloc, BACKEND};
 use crate::stream::CudaStream;
+use crate::Cuda;
 
 /// A gpumem address as the driver's `CUdeviceptr` (both are 64-bit; see the crate's pointer-width
 /// check).
 #[inline]
 fn dptr(ptr: DevicePtr) -> CUdeviceptr {
     ptr as CUdeviceptr
-}
-
-/// Allocates `size` bytes of device memory on `dev` (`cuMemAlloc`, 256-byte aligned or more).
-///
-/// # Errors
-///
-/// `OutOfMemory`; the driver's error.
-pub(crate) fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
-    make_current(dev)?;
-    let mut ptr: CUdeviceptr = 0;
-    // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer.
-    check_alloc("cuMemAlloc_v2", unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, size)?;
-    Ok(ptr as DevicePtr)
-}
-
-/// Frees memory from [`malloc`]. `cuMemFree` waits for the device's work first.
-///
-/// # Safety
-///
-/// `ptr` came from `malloc(dev, _)` and is freed once.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees `ptr` is a live allocation of this context, freed once.
-    check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(dptr(ptr)) })
-}
-
-/// Allocates `size` bytes of pinned host memory, portable (usable from every context), as CuPy's
-/// `_malloc` for pinned memory (`hostAllocPortable`).
-///
-/// # Errors
-///
-/// `OutOfMemory`; the driver's error.
-pub(crate) fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
-    make_current(dev)?;
-    let mut ptr: *mut c_void = ptr::null_mut();
-    // SAFETY: a context is current; `ptr` is a valid out-pointer; the flag is the driver's.
-    let r = unsafe { sys::cuMemHostAlloc(&mut ptr, size, sys::CU_MEMHOSTALLOC_PORTABLE) };
-    check_alloc("cuMemHostAlloc", r, size)?;
-    Ok(ptr.cast::<u8>())
-}
-
-/// Frees memory from [`malloc_host`].
-///
-/// # Safety
-///
-/// `ptr` came from `malloc_host` and is freed once.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees `ptr` is a live pinned allocation, freed once.
-    check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast::<c_void>()) })
-}
-
-/// Allocates `size` bytes from `dev`'s default memory pool, ordered on `stream`.
-///
-/// # Errors
-///
-/// `Unsupported` on a device without memory pools; `OutOfMemory`; the driver's error.
-pub(crate) fn malloc_async(dev: DeviceId, size: usize, stream: CudaStream) -> Result<DevicePtr> {
-    let slot = make_current(dev)?;
-    prepare_async_pool(slot)?;
-    let mut ptr: CUdeviceptr = 0;
-    // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer; the stream handle is
-    // live (the `Backend` contract).
-    let r = unsafe { sys::cuMemAllocAsync(&mut ptr, size, stream.as_raw()) };
-    check_alloc("cuMemAllocAsync", r, size)?;
-    Ok(ptr as DevicePtr)
-}
-
-/// Frees memory from [`malloc_async`], ordered on `stream`.
-///
-/// # Safety
-///
-/// `ptr` came from `malloc_async` and is freed once, after the work that uses it on `stream`.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: CudaStream) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
-    // stream handle is live.
-    check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(dptr(ptr), stream.as_raw()) })
 }
 
 /// Checks that the device has a stream-ordered allocator and, the first time, raises its default
@@ -171,79 +82,171 @@ fn wait_for_legacy_stream(api: &'static str) -> Result<()> {
     check(api, unsafe { sys::cuStreamSynchronize(CudaStream::LEGACY.as_raw()) })
 }
 
-/// Copies `n` bytes on the legacy default stream, direction inferred (unified addressing), and
-/// returns when the copy is done.
-///
-/// # Safety
-///
-/// Both ranges are valid for the copy and do not overlap.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev`'s context is current; the caller guarantees both ranges.
-    check("cuMemcpy", unsafe { sys::cuMemcpy(dptr(dst), dptr(src), n) })?;
-    wait_for_legacy_stream("cuStreamSynchronize")
-}
+impl MemoryOps for Cuda {
+    /// Allocates `size` bytes of device memory on `dev` (`cuMemAlloc`, 256-byte aligned or more).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory`; the driver's error.
+    fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+        make_current(dev)?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer.
+        check_alloc("cuMemAlloc_v2", unsafe { sys::cuMemAlloc_v2(&mut ptr, size) }, size)?;
+        Ok(ptr as DevicePtr)
+    }
 
-/// Copies `n` bytes, ordered on `stream`.
-///
-/// # Safety
-///
-/// Both ranges stay valid until the stream reaches the copy; host memory is pinned.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn memcpy_async(
-    dev: DeviceId,
-    dst: DevicePtr,
-    src: DevicePtr,
-    n: usize,
-    stream: CudaStream,
-) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev`'s context is current; the caller guarantees both ranges until the stream
-    // reaches the copy; the stream handle is live.
-    check("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dptr(dst), dptr(src), n, stream.as_raw()) })
-}
+    /// Frees memory from [`malloc`]. `cuMemFree` waits for the device's work first.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `malloc(dev, _)` and is freed once.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees `ptr` is a live allocation of this context, freed once.
+        check("cuMemFree_v2", unsafe { sys::cuMemFree_v2(dptr(ptr)) })
+    }
 
-/// Sets `n` bytes to `value` on the legacy default stream and returns when that is done.
-///
-/// # Safety
-///
-/// `dst..dst + n` is writable device memory.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev`'s context is current; the caller guarantees the range.
-    check("cuMemsetD8_v2", unsafe { sys::cuMemsetD8_v2(dptr(dst), value, n) })?;
-    wait_for_legacy_stream("cuStreamSynchronize")
-}
+    /// Allocates `size` bytes of pinned host memory, portable (usable from every context), as CuPy's
+    /// `_malloc` for pinned memory (`hostAllocPortable`).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory`; the driver's error.
+    fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
+        make_current(dev)?;
+        let mut ptr: *mut c_void = ptr::null_mut();
+        // SAFETY: a context is current; `ptr` is a valid out-pointer; the flag is the driver's.
+        let r = unsafe { sys::cuMemHostAlloc(&mut ptr, size, sys::CU_MEMHOSTALLOC_PORTABLE) };
+        check_alloc("cuMemHostAlloc", r, size)?;
+        Ok(ptr.cast::<u8>())
+    }
 
-/// Sets `n` bytes to `value`, ordered on `stream`.
-///
-/// # Safety
-///
-/// `dst..dst + n` stays writable device memory until the stream reaches the memset.
-///
-/// # Errors
-///
-/// The driver's error.
-pub(crate) unsafe fn memset_async(
-    dev: DeviceId,
-    dst: DevicePtr,
-    value: u8,
-    n: usize,
-    stream: CudaStream,
-) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev`'s context is current; the caller guarantees the range until the stream
-    // reaches the memset; the stream handle is live.
-    check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dptr(dst), value, n, stream.as_raw()) })
+    /// Frees memory from [`malloc_host`].
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `malloc_host` and is freed once.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees `ptr` is a live pinned allocation, freed once.
+        check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(ptr.cast::<c_void>()) })
+    }
+
+    /// Allocates `size` bytes from `dev`'s default memory pool, ordered on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; `OutOfMemory`; the driver's error.
+    unsafe fn malloc_async(dev: DeviceId, size: usize, stream: CudaStream) -> Result<DevicePtr> {
+        let slot = make_current(dev)?;
+        prepare_async_pool(slot)?;
+        let mut ptr: CUdeviceptr = 0;
+        // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer; the stream handle is
+        // live (the `Backend` contract).
+        let r = unsafe { sys::cuMemAllocAsync(&mut ptr, size, stream.as_raw()) };
+        check_alloc("cuMemAllocAsync", r, size)?;
+        Ok(ptr as DevicePtr)
+    }
+
+    /// Frees memory from [`malloc_async`], ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `malloc_async` and is freed once, after the work that uses it on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: CudaStream) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
+        // stream handle is live.
+        check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(dptr(ptr), stream.as_raw()) })
+    }
+
+    /// Copies `n` bytes on the legacy default stream, direction inferred (unified addressing), and
+    /// returns when the copy is done.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges are valid for the copy and do not overlap.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev`'s context is current; the caller guarantees both ranges.
+        check("cuMemcpy", unsafe { sys::cuMemcpy(dptr(dst), dptr(src), n) })?;
+        wait_for_legacy_stream("cuStreamSynchronize")
+    }
+
+    /// Copies `n` bytes, ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges stay valid until the stream reaches the copy; host memory is pinned.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn memcpy_async(
+        dev: DeviceId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: usize,
+        stream: CudaStream,
+    ) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev`'s context is current; the caller guarantees both ranges until the stream
+        // reaches the copy; the stream handle is live.
+        check("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dptr(dst), dptr(src), n, stream.as_raw()) })
+    }
+
+    /// Sets `n` bytes to `value` on the legacy default stream and returns when that is done.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + n` is writable device memory.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev`'s context is current; the caller guarantees the range.
+        check("cuMemsetD8_v2", unsafe { sys::cuMemsetD8_v2(dptr(dst), value, n) })?;
+        wait_for_legacy_stream("cuStreamSynchronize")
+    }
+
+    /// Sets `n` bytes to `value`, ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + n` stays writable device memory until the stream reaches the memset.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn memset_async(
+        dev: DeviceId,
+        dst: DevicePtr,
+        value: u8,
+        n: usize,
+        stream: CudaStream,
+    ) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev`'s context is current; the caller guarantees the range until the stream
+        // reaches the memset; the stream handle is live.
+        check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dptr(dst), value, n, stream.as_raw()) })
+    }
 }

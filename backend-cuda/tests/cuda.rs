@@ -13,8 +13,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUstream};
 use gpumem_core::{
-    get_elapsed_time, Backend, CaptureMode, CaptureStatus, Device, Error, Event, EventFlags, ExternalStream,
-    Memory, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamFlags,
+    get_elapsed_time, CaptureMode, CaptureStatus, Device, DeviceOps, Error, Event, EventFlags, EventOps,
+    ExternalStream, GraphOps, Memory, MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream,
+    StreamFlags, StreamOps,
 };
 use gpumem_cuda::{Cuda, CudaStream};
 
@@ -77,15 +78,22 @@ fn driver_presence_decides_every_answer() {
     assert!(is_driver_not_found(&Cuda::pointer_device(0x1000)));
     assert!(is_driver_not_found(&Cuda::malloc(0, 1024)));
     assert!(is_driver_not_found(&Cuda::malloc_host(0, 1024)));
-    assert!(is_driver_not_found(&Cuda::malloc_async(0, 1024, null)));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::malloc_async(0, 1024, null) }));
     assert!(is_driver_not_found(&Cuda::stream_priority_range(0)));
     assert!(is_driver_not_found(&Cuda::stream_create(0, StreamFlags { non_blocking: true }, 0)));
-    assert!(is_driver_not_found(&Cuda::stream_flags(0, null)));
-    assert!(is_driver_not_found(&Cuda::stream_query(0, Cuda::legacy_stream())));
-    assert!(is_driver_not_found(&Cuda::stream_synchronize(0, Cuda::per_thread_stream())));
-    assert!(is_driver_not_found(&Cuda::begin_capture(0, null, CaptureMode::Relaxed)));
-    assert!(is_driver_not_found(&Cuda::end_capture(0, null)));
-    assert!(is_driver_not_found(&Cuda::capture_status(0, null)));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::stream_flags(0, null) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::stream_query(0, Cuda::legacy_stream()) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::stream_synchronize(0, Cuda::per_thread_stream()) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::begin_capture(0, null, CaptureMode::Relaxed) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::end_capture(0, null) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_driver_not_found(&unsafe { Cuda::capture_status(0, null) }));
     assert!(is_driver_not_found(&Cuda::event_create(0, EventFlags::default())));
     // SAFETY: the addresses are never touched: the backend fails before any driver call.
     unsafe {
@@ -96,13 +104,16 @@ fn driver_presence_decides_every_answer() {
     let ran = Arc::new(AtomicUsize::new(0));
     let r = {
         let ran = Arc::clone(&ran);
-        Cuda::add_callback(
-            0,
-            null,
-            Box::new(move |_| {
-                ran.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        unsafe {
+            Cuda::add_callback(
+                0,
+                null,
+                Box::new(move |_| {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+        }
     };
     assert!(is_driver_not_found(&r));
     assert_eq!((ran.load(Ordering::SeqCst), Arc::strong_count(&ran)), (0, 1));
@@ -341,14 +352,16 @@ fn backend_operations_on_one_gpu() {
     assert!(!Stream::<Cuda>::new().expect("blocking stream").is_non_blocking().expect("flags"));
     assert_eq!(s.priority().expect("priority"), 0);
     assert_eq!(
-        Cuda::capture_status(0, CudaStream::LEGACY).expect("legacy capture status"),
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        unsafe { Cuda::capture_status(0, CudaStream::LEGACY) }.expect("legacy capture status"),
         CaptureStatus::None
     );
 
     // The stream-ordered allocator (the release threshold is raised on first use).
     if props.memory_pools_supported {
         let handle = s.handle();
-        let p = Cuda::malloc_async(0, 1 << 20, handle).expect("malloc_async");
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        let p = unsafe { Cuda::malloc_async(0, 1 << 20, handle) }.expect("malloc_async");
         // SAFETY: `p` is 1 MiB of stream-ordered memory, used and freed in order on `s`.
         unsafe {
             Cuda::memset_async(0, p, 4, 1 << 20, handle).expect("memset_async");
@@ -356,7 +369,8 @@ fn backend_operations_on_one_gpu() {
         }
         s.synchronize().expect("synchronize");
     } else {
-        assert!(matches!(Cuda::malloc_async(0, 1024, s.handle()), Err(Error::Unsupported { .. })));
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        assert!(matches!(unsafe { Cuda::malloc_async(0, 1024, s.handle()) }, Err(Error::Unsupported { .. })));
     }
 
     // A callback runs once, with the stream and an Ok status.

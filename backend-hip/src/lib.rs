@@ -119,215 +119,37 @@ compile_error!("gpumem-hip needs a 64-bit target");
 
 mod device;
 mod event;
+mod graph;
 mod memory;
 mod result;
 mod stream;
 
-use std::ffi::c_void;
-
-use gpumem_core::{
-    Backend, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
-    Result, StreamCallback, StreamFlags,
-};
+use gpumem_core::{Api, Caps, Runtime};
 
 pub use event::HipEvent;
-pub use stream::{HipGraph, HipStream};
+pub use graph::HipGraph;
+pub use stream::HipStream;
 
 /// The HIP backend: a marker type whose associated functions are HIP runtime calls. See the
 /// [crate docs](crate).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct Hip;
 
-impl Backend for Hip {
+impl Api for Hip {
     const NAME: &'static str = "hip";
+    const CAPS: Caps = Caps {
+        capture: false,
+        stream_ordered_allocation: true,
+        host_functions: true,
+        virtual_memory: false,
+        peer_access: true,
+    };
     type Stream = HipStream;
     type Event = HipEvent;
     /// A type without values: this backend offers no capture.
     type Graph = HipGraph;
+}
 
-    gpumem_core::backend_statics!(Hip);
-
-    fn null_stream() -> HipStream {
-        HipStream::NULL
-    }
-    /// The null stream (raw value 0): HIP 5.2 has no legacy handle, and its null stream is the
-    /// blocking default stream.
-    fn legacy_stream() -> HipStream {
-        HipStream::LEGACY
-    }
-    fn per_thread_stream() -> HipStream {
-        HipStream::PER_THREAD
-    }
-    fn stream_to_raw(stream: HipStream) -> usize {
-        stream.to_usize()
-    }
-    /// As the trait says, with 1 (CUDA's legacy stream) read as the null stream.
-    unsafe fn stream_from_raw(raw: usize) -> HipStream {
-        // SAFETY: forwarded to the caller (0, 1, 2 or a live stream).
-        unsafe { HipStream::from_usize(raw) }
-    }
-
-    fn device_count() -> Result<usize> {
-        device::count()
-    }
-    fn set_device(dev: DeviceId) -> Result<()> {
-        device::set_device(dev)
-    }
-    fn device_properties(dev: DeviceId) -> Result<DeviceProperties> {
-        device::properties(dev)
-    }
-    fn mem_get_info(dev: DeviceId) -> Result<MemInfo> {
-        device::mem_info(dev)
-    }
-    fn device_synchronize(dev: DeviceId) -> Result<()> {
-        device::synchronize(dev)
-    }
-    fn can_access_peer(dev: DeviceId, peer: DeviceId) -> Result<bool> {
-        device::can_access_peer(dev, peer)
-    }
-    fn enable_peer_access(dev: DeviceId, peer: DeviceId) -> Result<()> {
-        device::enable_peer_access(dev, peer)
-    }
-    fn pointer_device(ptr: DevicePtr) -> Result<Option<DeviceId>> {
-        device::pointer_device(ptr)
-    }
-
-    fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
-        memory::malloc(dev, size)
-    }
-    unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::free(dev, ptr) }
-    }
-    fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
-        memory::malloc_host(dev, size)
-    }
-    unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::free_host(dev, ptr) }
-    }
-    fn malloc_async(dev: DeviceId, size: usize, stream: HipStream) -> Result<DevicePtr> {
-        memory::malloc_async(dev, size, stream)
-    }
-    unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: HipStream) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::free_async(dev, ptr, stream) }
-    }
-
-    unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memcpy(dev, dst, src, n) }
-    }
-    unsafe fn memcpy_async(
-        dev: DeviceId,
-        dst: DevicePtr,
-        src: DevicePtr,
-        n: usize,
-        stream: HipStream,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memcpy_async(dev, dst, src, n, stream) }
-    }
-    unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memset(dev, dst, value, n) }
-    }
-    unsafe fn memset_async(
-        dev: DeviceId,
-        dst: DevicePtr,
-        value: u8,
-        n: usize,
-        stream: HipStream,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { memory::memset_async(dev, dst, value, n, stream) }
-    }
-
-    fn stream_priority_range(dev: DeviceId) -> Result<(i32, i32)> {
-        stream::priority_range(dev)
-    }
-    fn stream_create(dev: DeviceId, flags: StreamFlags, priority: i32) -> Result<HipStream> {
-        stream::create(dev, flags, priority)
-    }
-    unsafe fn stream_destroy(dev: DeviceId, stream: HipStream) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { stream::destroy(dev, stream) }
-    }
-    /// For the null stream, the default flags without asking HIP, which refuses the question.
-    fn stream_flags(dev: DeviceId, stream: HipStream) -> Result<StreamFlags> {
-        stream::flags(dev, stream)
-    }
-    fn stream_priority(dev: DeviceId, stream: HipStream) -> Result<i32> {
-        stream::priority(dev, stream)
-    }
-    fn stream_query(dev: DeviceId, stream: HipStream) -> Result<bool> {
-        stream::query(dev, stream)
-    }
-    fn stream_synchronize(dev: DeviceId, stream: HipStream) -> Result<()> {
-        stream::synchronize(dev, stream)
-    }
-    fn stream_wait_event(dev: DeviceId, stream: HipStream, event: &HipEvent) -> Result<()> {
-        stream::wait_event(dev, stream, event)
-    }
-    /// Through `hipStreamAddCallback`: HIP 5.2's library does not export `hipLaunchHostFunc`.
-    unsafe fn launch_host_func(
-        dev: DeviceId,
-        stream: HipStream,
-        func: HostFn,
-        data: *mut c_void,
-    ) -> Result<()> {
-        // SAFETY: forwarded to the caller.
-        unsafe { stream::launch_host_func(dev, stream, func, data) }
-    }
-    fn add_callback(dev: DeviceId, stream: HipStream, callback: StreamCallback) -> Result<()> {
-        stream::add_callback(dev, stream, callback)
-    }
-
-    /// `Error::Unsupported { operation: "begin_capture", backend: "hip" }`, without calling the
-    /// runtime: this backend offers no capture.
-    fn begin_capture(dev: DeviceId, stream: HipStream, mode: CaptureMode) -> Result<()> {
-        stream::begin_capture(dev, stream, mode)
-    }
-    /// `Error::Unsupported { operation: "end_capture", .. }`: this backend offers no capture.
-    fn end_capture(dev: DeviceId, stream: HipStream) -> Result<HipGraph> {
-        stream::end_capture(dev, stream)
-    }
-    /// `Error::Unsupported { operation: "capture_status", .. }`: this backend offers no capture.
-    fn capture_status(dev: DeviceId, stream: HipStream) -> Result<CaptureStatus> {
-        stream::capture_status(dev, stream)
-    }
-    /// `Error::Unsupported { operation: "graph_launch", .. }`; never reached, since no
-    /// [`HipGraph`] exists.
-    fn graph_launch(dev: DeviceId, graph: &HipGraph, stream: HipStream) -> Result<()> {
-        stream::graph_launch(dev, graph, stream)
-    }
-    /// `Error::Unsupported { operation: "graph_upload", .. }`; never reached, since no
-    /// [`HipGraph`] exists.
-    fn graph_upload(dev: DeviceId, graph: &HipGraph, stream: HipStream) -> Result<()> {
-        stream::graph_upload(dev, graph, stream)
-    }
-    /// `Error::Unsupported { operation: "graph_destroy", .. }`; never reached, since no
-    /// [`HipGraph`] exists.
-    fn graph_destroy(dev: DeviceId, graph: HipGraph) -> Result<()> {
-        stream::graph_destroy(dev, graph)
-    }
-
-    fn event_create(dev: DeviceId, flags: EventFlags) -> Result<HipEvent> {
-        event::create(dev, flags)
-    }
-    fn event_destroy(dev: DeviceId, event: HipEvent) -> Result<()> {
-        event::destroy(dev, event)
-    }
-    fn event_record(dev: DeviceId, event: &HipEvent, stream: HipStream) -> Result<()> {
-        event::record(dev, event, stream)
-    }
-    fn event_query(dev: DeviceId, event: &HipEvent) -> Result<bool> {
-        event::query(dev, event)
-    }
-    fn event_synchronize(dev: DeviceId, event: &HipEvent) -> Result<()> {
-        event::synchronize(dev, event)
-    }
-    fn event_elapsed_ms(dev: DeviceId, start: &HipEvent, end: &HipEvent) -> Result<f32> {
-        event::elapsed_ms(dev, start, end)
-    }
+impl Runtime for Hip {
+    gpumem_core::runtime_statics!(Hip);
 }

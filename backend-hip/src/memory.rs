@@ -13,111 +13,18 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::OnceLock;
 
-use gpumem_core::{DeviceId, DevicePtr, Result};
+use gpumem_core::{DeviceId, DeviceOps, DevicePtr, MemoryOps, Result};
 use hip_sys::hiprt::{hipHostMallocPortable, hipMemPoolAttr, hipMemPool_t, hipMemcpyKind};
 
 use crate::device::{self, make_current};
 use crate::result::{self, check, check_alloc, sys};
 use crate::stream::HipStream;
+use crate::Hip;
 
 /// A gpumem address as the pointer HIP takes.
 #[inline]
 fn dptr(ptr: DevicePtr) -> *mut c_void {
     ptr as *mut c_void
-}
-
-/// Allocates `size` bytes of device memory on `dev` (`hipMalloc`, 256-byte aligned or more).
-///
-/// # Errors
-///
-/// `OutOfMemory`; the runtime's error.
-pub(crate) fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
-    make_current(dev)?;
-    let mut ptr: *mut c_void = ptr::null_mut();
-    // SAFETY: `dev` is current; `ptr` is a valid out-pointer.
-    check_alloc("hipMalloc", unsafe { sys::hipMalloc(&mut ptr, size) }, size)?;
-    Ok(ptr as DevicePtr)
-}
-
-/// Frees memory from [`malloc`]. `hipFree` waits for the device's work first.
-///
-/// # Safety
-///
-/// `ptr` came from `malloc(dev, _)` and is freed once.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees `ptr` is a live allocation of `dev`, freed once.
-    check("hipFree", unsafe { sys::hipFree(dptr(ptr)) })
-}
-
-/// Allocates `size` bytes of pinned host memory, portable (usable from every device), as CuPy's
-/// `_malloc` for pinned memory (`hostAllocPortable`).
-///
-/// # Errors
-///
-/// `OutOfMemory`; the runtime's error.
-pub(crate) fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
-    make_current(dev)?;
-    let mut ptr: *mut c_void = ptr::null_mut();
-    // SAFETY: `ptr` is a valid out-pointer; the flag is HIP's.
-    let code = unsafe { sys::hipHostMalloc(&mut ptr, size, hipHostMallocPortable) };
-    check_alloc("hipHostMalloc", code, size)?;
-    Ok(ptr.cast::<u8>())
-}
-
-/// Frees memory from [`malloc_host`].
-///
-/// # Safety
-///
-/// `ptr` came from `malloc_host` and is freed once.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees `ptr` is a live pinned allocation, freed once.
-    check("hipHostFree", unsafe { sys::hipHostFree(ptr.cast::<c_void>()) })
-}
-
-/// Allocates `size` bytes from `dev`'s default memory pool, ordered on `stream`
-/// (`hipMallocAsync`: exported since HIP 5.1, marked beta in 5.2's headers).
-///
-/// CuPy refuses `malloc_async` on HIP altogether ("HIP does not support memory_async"); gpumem
-/// offers it where the runtime says the device has memory pools.
-///
-/// # Errors
-///
-/// `Unsupported` on a device without memory pools; `OutOfMemory`; the runtime's error.
-pub(crate) fn malloc_async(dev: DeviceId, size: usize, stream: HipStream) -> Result<DevicePtr> {
-    make_current(dev)?;
-    prepare_async_pool(dev)?;
-    let mut ptr: *mut c_void = ptr::null_mut();
-    // SAFETY: `dev` is current; `ptr` is a valid out-pointer; the stream handle is live (the
-    // `Backend` contract).
-    let code = unsafe { sys::hipMallocAsync(&mut ptr, size, stream.as_raw()) };
-    check_alloc("hipMallocAsync", code, size)?;
-    Ok(ptr as DevicePtr)
-}
-
-/// Frees memory from [`malloc_async`], ordered on `stream`.
-///
-/// # Safety
-///
-/// `ptr` came from `malloc_async` and is freed once, after the work that uses it on `stream`.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: HipStream) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
-    // stream handle is live.
-    check("hipFreeAsync", unsafe { sys::hipFreeAsync(dptr(ptr), stream.as_raw()) })
 }
 
 /// Per device, once known: whether its stream-ordered allocator is there (and its release
@@ -134,7 +41,7 @@ static ASYNC_POOLS: OnceLock<Box<[OnceLock<bool>]>> = OnceLock::new();
 /// at its maximum the pool keeps its memory, as CuPy's `MemoryAsyncPool` does by default, until
 /// it is trimmed.
 fn prepare_async_pool(dev: DeviceId) -> Result<()> {
-    let count = device::count()?;
+    let count = Hip::device_count()?;
     let pools = ASYNC_POOLS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
     // `make_current` accepted `dev`, so it is below the count; a slot is there.
     let slot = usize::try_from(dev).ok().and_then(|i| pools.get(i));
@@ -183,81 +90,181 @@ fn wait_for_legacy_stream(api: &'static str) -> Result<()> {
     check(api, unsafe { sys::hipStreamSynchronize(HipStream::LEGACY.as_raw()) })
 }
 
-/// Copies `n` bytes on the legacy default stream, direction inferred (`hipMemcpyDefault`, unified
-/// addressing), and returns when the copy is done.
-///
-/// # Safety
-///
-/// Both ranges are valid for the copy and do not overlap.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev` is current; the caller guarantees both ranges.
-    check("hipMemcpy", unsafe { sys::hipMemcpy(dptr(dst), dptr(src), n, hipMemcpyKind::hipMemcpyDefault) })?;
-    wait_for_legacy_stream("hipStreamSynchronize")
-}
+impl MemoryOps for Hip {
+    /// Allocates `size` bytes of device memory on `dev` (`hipMalloc`, 256-byte aligned or more).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory`; the runtime's error.
+    fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+        make_current(dev)?;
+        let mut ptr: *mut c_void = ptr::null_mut();
+        // SAFETY: `dev` is current; `ptr` is a valid out-pointer.
+        check_alloc("hipMalloc", unsafe { sys::hipMalloc(&mut ptr, size) }, size)?;
+        Ok(ptr as DevicePtr)
+    }
 
-/// Copies `n` bytes, ordered on `stream`.
-///
-/// # Safety
-///
-/// Both ranges stay valid until the stream reaches the copy; host memory is pinned.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn memcpy_async(
-    dev: DeviceId,
-    dst: DevicePtr,
-    src: DevicePtr,
-    n: usize,
-    stream: HipStream,
-) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev` is current; the caller guarantees both ranges until the stream reaches the
-    // copy; the stream handle is live.
-    check("hipMemcpyAsync", unsafe {
-        sys::hipMemcpyAsync(dptr(dst), dptr(src), n, hipMemcpyKind::hipMemcpyDefault, stream.as_raw())
-    })
-}
+    /// Frees memory from [`malloc`]. `hipFree` waits for the device's work first.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `malloc(dev, _)` and is freed once.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees `ptr` is a live allocation of `dev`, freed once.
+        check("hipFree", unsafe { sys::hipFree(dptr(ptr)) })
+    }
 
-/// Sets `n` bytes to `value` on the legacy default stream and returns when that is done.
-///
-/// # Safety
-///
-/// `dst..dst + n` is writable device memory.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev` is current; the caller guarantees the range.
-    check("hipMemset", unsafe { sys::hipMemset(dptr(dst), c_int::from(value), n) })?;
-    wait_for_legacy_stream("hipStreamSynchronize")
-}
+    /// Allocates `size` bytes of pinned host memory, portable (usable from every device), as CuPy's
+    /// `_malloc` for pinned memory (`hostAllocPortable`).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory`; the runtime's error.
+    fn malloc_host(dev: DeviceId, size: usize) -> Result<*mut u8> {
+        make_current(dev)?;
+        let mut ptr: *mut c_void = ptr::null_mut();
+        // SAFETY: `ptr` is a valid out-pointer; the flag is HIP's.
+        let code = unsafe { sys::hipHostMalloc(&mut ptr, size, hipHostMallocPortable) };
+        check_alloc("hipHostMalloc", code, size)?;
+        Ok(ptr.cast::<u8>())
+    }
 
-/// Sets `n` bytes to `value`, ordered on `stream`.
-///
-/// # Safety
-///
-/// `dst..dst + n` stays writable device memory until the stream reaches the memset.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn memset_async(
-    dev: DeviceId,
-    dst: DevicePtr,
-    value: u8,
-    n: usize,
-    stream: HipStream,
-) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: `dev` is current; the caller guarantees the range until the stream reaches the
-    // memset; the stream handle is live.
-    check("hipMemsetAsync", unsafe { sys::hipMemsetAsync(dptr(dst), c_int::from(value), n, stream.as_raw()) })
+    /// Frees memory from [`malloc_host`].
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `malloc_host` and is freed once.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn free_host(dev: DeviceId, ptr: *mut u8) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees `ptr` is a live pinned allocation, freed once.
+        check("hipHostFree", unsafe { sys::hipHostFree(ptr.cast::<c_void>()) })
+    }
+
+    /// Allocates `size` bytes from `dev`'s default memory pool, ordered on `stream`
+    /// (`hipMallocAsync`: exported since HIP 5.1, marked beta in 5.2's headers).
+    ///
+    /// CuPy refuses `malloc_async` on HIP altogether ("HIP does not support memory_async"); gpumem
+    /// offers it where the runtime says the device has memory pools.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; `OutOfMemory`; the runtime's error.
+    unsafe fn malloc_async(dev: DeviceId, size: usize, stream: HipStream) -> Result<DevicePtr> {
+        make_current(dev)?;
+        prepare_async_pool(dev)?;
+        let mut ptr: *mut c_void = ptr::null_mut();
+        // SAFETY: `dev` is current; `ptr` is a valid out-pointer; the stream handle is live (the
+        // `Backend` contract).
+        let code = unsafe { sys::hipMallocAsync(&mut ptr, size, stream.as_raw()) };
+        check_alloc("hipMallocAsync", code, size)?;
+        Ok(ptr as DevicePtr)
+    }
+
+    /// Frees memory from [`malloc_async`], ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `ptr` came from `malloc_async` and is freed once, after the work that uses it on `stream`.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: HipStream) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
+        // stream handle is live.
+        check("hipFreeAsync", unsafe { sys::hipFreeAsync(dptr(ptr), stream.as_raw()) })
+    }
+
+    /// Copies `n` bytes on the legacy default stream, direction inferred (`hipMemcpyDefault`, unified
+    /// addressing), and returns when the copy is done.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges are valid for the copy and do not overlap.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev` is current; the caller guarantees both ranges.
+        check("hipMemcpy", unsafe {
+            sys::hipMemcpy(dptr(dst), dptr(src), n, hipMemcpyKind::hipMemcpyDefault)
+        })?;
+        wait_for_legacy_stream("hipStreamSynchronize")
+    }
+
+    /// Copies `n` bytes, ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// Both ranges stay valid until the stream reaches the copy; host memory is pinned.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn memcpy_async(
+        dev: DeviceId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: usize,
+        stream: HipStream,
+    ) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev` is current; the caller guarantees both ranges until the stream reaches the
+        // copy; the stream handle is live.
+        check("hipMemcpyAsync", unsafe {
+            sys::hipMemcpyAsync(dptr(dst), dptr(src), n, hipMemcpyKind::hipMemcpyDefault, stream.as_raw())
+        })
+    }
+
+    /// Sets `n` bytes to `value` on the legacy default stream and returns when that is done.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + n` is writable device memory.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev` is current; the caller guarantees the range.
+        check("hipMemset", unsafe { sys::hipMemset(dptr(dst), c_int::from(value), n) })?;
+        wait_for_legacy_stream("hipStreamSynchronize")
+    }
+
+    /// Sets `n` bytes to `value`, ordered on `stream`.
+    ///
+    /// # Safety
+    ///
+    /// `dst..dst + n` stays writable device memory until the stream reaches the memset.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn memset_async(
+        dev: DeviceId,
+        dst: DevicePtr,
+        value: u8,
+        n: usize,
+        stream: HipStream,
+    ) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: `dev` is current; the caller guarantees the range until the stream reaches the
+        // memset; the stream handle is live.
+        check("hipMemsetAsync", unsafe {
+            sys::hipMemsetAsync(dptr(dst), c_int::from(value), n, stream.as_raw())
+        })
+    }
 }

@@ -11,12 +11,13 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use gpumem_core::{CaptureMode, CaptureStatus, DeviceId, HostFn, Result, StreamCallback, StreamFlags};
+use gpumem_core::{DeviceId, HostFn, Result, StreamCallback, StreamFlags, StreamOps};
 use hip_sys::hiprt::{hipStreamDefault, hipStreamNonBlocking, hipStream_t, ihipStream_t};
 
 use crate::device::make_current;
 use crate::event::HipEvent;
 use crate::result::{self, check, sys, Code, ERROR_NOT_READY, SUCCESS};
+use crate::Hip;
 
 /// A HIP stream handle (`hipStream_t`): the [`Backend::Stream`](gpumem_core::Backend::Stream) of
 /// [`Hip`](crate::Hip).
@@ -94,173 +95,10 @@ impl HipStream {
     }
 }
 
-/// An instantiated graph: the [`Backend::Graph`](gpumem_core::Backend::Graph) of
-/// [`Hip`](crate::Hip), a type without values.
-///
-/// Differs from the CUDA backend: this backend offers no capture (see the
-/// [crate docs](crate#what-hip-52-lacks-and-what-this-backend-does-instead)), so
-/// `Backend::end_capture` never returns a graph and the graph operations can never be reached
-/// with one; the compiler knows it.
-#[derive(Debug)]
-pub enum HipGraph {}
-
-/// The device's stream priority range as `(least, greatest)`.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn priority_range(dev: DeviceId) -> Result<(i32, i32)> {
-    make_current(dev)?;
-    let (mut least, mut greatest): (c_int, c_int) = (0, 0);
-    // SAFETY: both are valid out-pointers.
-    check("hipDeviceGetStreamPriorityRange", unsafe {
-        sys::hipDeviceGetStreamPriorityRange(&mut least, &mut greatest)
-    })?;
-    Ok((least, greatest))
-}
-
-/// Creates a stream on `dev`.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn create(dev: DeviceId, flags: StreamFlags, priority: i32) -> Result<HipStream> {
-    make_current(dev)?;
-    let bits = if flags.non_blocking { hipStreamNonBlocking } else { hipStreamDefault };
-    let mut stream: hipStream_t = ptr::null_mut();
-    // SAFETY: `dev` is current; `stream` is a valid out-pointer; the flags are HIP's.
-    check("hipStreamCreateWithPriority", unsafe {
-        sys::hipStreamCreateWithPriority(&mut stream, bits, priority)
-    })?;
-    Ok(HipStream(stream))
-}
-
-/// Destroys a stream; work already queued on it still runs.
-///
-/// # Safety
-///
-/// The handle came from [`create`] and is destroyed once.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn destroy(dev: DeviceId, stream: HipStream) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the caller guarantees a live stream of ours, destroyed once.
-    check("hipStreamDestroy", unsafe { sys::hipStreamDestroy(stream.0) })
-}
-
-/// The stream's creation flags.
-///
-/// Differs from the CUDA backend for the null stream: HIP answers `hipErrorInvalidValue` when
-/// asked for its flags, where CUDA answers 0. The null stream is blocking by definition, so the
-/// default flags are returned without asking.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn flags(dev: DeviceId, stream: HipStream) -> Result<StreamFlags> {
-    make_current(dev)?;
-    if stream == HipStream::NULL {
-        return Ok(StreamFlags::default());
-    }
-    let mut bits: c_uint = 0;
-    // SAFETY: the handle is live (the contract); `bits` is a valid out-pointer.
-    check("hipStreamGetFlags", unsafe { sys::hipStreamGetFlags(stream.0, &mut bits) })?;
-    Ok(StreamFlags { non_blocking: bits & hipStreamNonBlocking != 0 })
-}
-
-/// The stream's priority.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn priority(dev: DeviceId, stream: HipStream) -> Result<i32> {
-    make_current(dev)?;
-    let mut priority: c_int = 0;
-    // SAFETY: the handle is live; `priority` is a valid out-pointer.
-    check("hipStreamGetPriority", unsafe { sys::hipStreamGetPriority(stream.0, &mut priority) })?;
-    Ok(priority)
-}
-
-/// `Ok(true)` when the stream's work is done, `Ok(false)` while some is pending.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn query(dev: DeviceId, stream: HipStream) -> Result<bool> {
-    make_current(dev)?;
-    // SAFETY: the handle is live.
-    match unsafe { sys::hipStreamQuery(stream.0) } {
-        SUCCESS => Ok(true),
-        ERROR_NOT_READY => Ok(false),
-        code => Err(result::error("hipStreamQuery", code)),
-    }
-}
-
-/// Waits for the stream's work.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn synchronize(dev: DeviceId, stream: HipStream) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: the handle is live.
-    check("hipStreamSynchronize", unsafe { sys::hipStreamSynchronize(stream.0) })
-}
-
-/// Makes the stream's future work wait for the event's last record.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) fn wait_event(dev: DeviceId, stream: HipStream, event: &HipEvent) -> Result<()> {
-    make_current(dev)?;
-    // SAFETY: both handles are live; the flags must be 0.
-    check("hipStreamWaitEvent", unsafe { sys::hipStreamWaitEvent(stream.0, event.as_raw(), 0) })
-}
-
 /// A host function and its argument, carried through a stream callback.
 struct HostCall {
     func: HostFn,
     data: *mut c_void,
-}
-
-/// Queues `func(data)` on the stream.
-///
-/// Differs from the CUDA backend, which calls `cuLaunchHostFunc`: HIP 5.2's headers declare
-/// `hipLaunchHostFunc`, but its library (Debian's `libamdhip64` 5.2.3) does not export it, so a
-/// program calling it does not link. The function goes through `hipStreamAddCallback` instead,
-/// which runs it on a runtime thread once the work queued before it is done and holds the
-/// stream's later work until it returns, as `hipLaunchHostFunc` does. The two would differ only
-/// under capture, which this backend does not offer: a function queued here runs exactly once.
-///
-/// # Safety
-///
-/// `func` does not unwind; `data` stays valid until the call.
-///
-/// # Errors
-///
-/// The runtime's error.
-pub(crate) unsafe fn launch_host_func(
-    dev: DeviceId,
-    stream: HipStream,
-    func: HostFn,
-    data: *mut c_void,
-) -> Result<()> {
-    make_current(dev)?;
-    let call = Box::into_raw(Box::new(HostCall { func, data })).cast::<c_void>();
-    // SAFETY: the handle is live; the trampoline has the runtime's callback type (with the status
-    // read as an integer) and takes ownership of `call`, which the runtime passes to it once; the
-    // flags must be 0.
-    let code = unsafe { sys::hipStreamAddCallback(stream.0, host_call_trampoline, call, 0) };
-    if code != SUCCESS {
-        // SAFETY: the runtime refused the callback, so it will never call the trampoline: `call`
-        // is still the box made above, and ours to drop.
-        drop(unsafe { Box::from_raw(call.cast::<HostCall>()) });
-        return Err(result::error("hipStreamAddCallback", code));
-    }
-    Ok(())
 }
 
 /// Runs a host function queued by [`launch_host_func`] on the runtime's thread. A host function
@@ -282,28 +120,6 @@ unsafe extern "C" fn host_call_trampoline(_stream: hipStream_t, _status: Code, d
     if let Err(payload) = outcome {
         std::mem::forget(payload);
     }
-}
-
-/// Queues a one-shot callback (`hipStreamAddCallback`), given the stream's status when it runs.
-///
-/// # Errors
-///
-/// The runtime's error; the callback is then dropped without running.
-pub(crate) fn add_callback(dev: DeviceId, stream: HipStream, callback: StreamCallback) -> Result<()> {
-    make_current(dev)?;
-    // A thin pointer for the runtime: the callback is a fat `Box<dyn FnOnce>`.
-    let data = Box::into_raw(Box::new(callback)).cast::<c_void>();
-    // SAFETY: the handle is live; the trampoline has the runtime's callback type (with the status
-    // read as an integer) and takes ownership of `data`, which the runtime passes to it once; the
-    // flags must be 0.
-    let code = unsafe { sys::hipStreamAddCallback(stream.0, callback_trampoline, data, 0) };
-    if code != SUCCESS {
-        // SAFETY: the runtime refused the callback, so it will never call the trampoline: `data`
-        // is still the box made above, and ours to drop.
-        drop(unsafe { Box::from_raw(data.cast::<StreamCallback>()) });
-        return Err(result::error("hipStreamAddCallback", code));
-    }
-    Ok(())
 }
 
 /// Runs a callback queued by [`add_callback`] on the runtime's thread.
@@ -329,59 +145,199 @@ unsafe extern "C" fn callback_trampoline(_stream: hipStream_t, status: Code, dat
     }
 }
 
-/// `Unsupported`, without calling the runtime: this backend offers no capture (see the
-/// [module docs](self)).
-///
-/// # Errors
-///
-/// Always `Error::Unsupported { operation: "begin_capture", backend: "hip" }`.
-pub(crate) fn begin_capture(_dev: DeviceId, _stream: HipStream, _mode: CaptureMode) -> Result<()> {
-    Err(result::unsupported("begin_capture"))
-}
+impl StreamOps for Hip {
+    fn null_stream() -> HipStream {
+        HipStream::NULL
+    }
+    /// The null stream (raw value 0): HIP 5.2 has no legacy handle, and its null stream is the
+    /// blocking default stream.
+    fn legacy_stream() -> HipStream {
+        HipStream::LEGACY
+    }
+    fn per_thread_stream() -> HipStream {
+        HipStream::PER_THREAD
+    }
+    fn stream_to_raw(stream: HipStream) -> usize {
+        stream.to_usize()
+    }
+    /// As the trait says, with 1 (CUDA's legacy stream) read as the null stream.
+    unsafe fn stream_from_raw(raw: usize) -> HipStream {
+        // SAFETY: forwarded to the caller (0, 1, 2 or a live stream).
+        unsafe { HipStream::from_usize(raw) }
+    }
 
-/// `Unsupported`, without calling the runtime: this backend offers no capture.
-///
-/// # Errors
-///
-/// Always `Error::Unsupported { operation: "end_capture", backend: "hip" }`.
-pub(crate) fn end_capture(_dev: DeviceId, _stream: HipStream) -> Result<HipGraph> {
-    Err(result::unsupported("end_capture"))
-}
+    /// The device's stream priority range as `(least, greatest)`.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn stream_priority_range(dev: DeviceId) -> Result<(i32, i32)> {
+        make_current(dev)?;
+        let (mut least, mut greatest): (c_int, c_int) = (0, 0);
+        // SAFETY: both are valid out-pointers.
+        check("hipDeviceGetStreamPriorityRange", unsafe {
+            sys::hipDeviceGetStreamPriorityRange(&mut least, &mut greatest)
+        })?;
+        Ok((least, greatest))
+    }
 
-/// `Unsupported`, without calling the runtime: this backend offers no capture. The typed layer
-/// reads this answer as "not capturing" where it checks before a transfer, as CuPy skips those
-/// checks on HIP.
-///
-/// # Errors
-///
-/// Always `Error::Unsupported { operation: "capture_status", backend: "hip" }`.
-pub(crate) fn capture_status(_dev: DeviceId, _stream: HipStream) -> Result<CaptureStatus> {
-    Err(result::unsupported("capture_status"))
-}
+    /// Creates a stream on `dev`.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    fn stream_create(dev: DeviceId, flags: StreamFlags, priority: i32) -> Result<HipStream> {
+        make_current(dev)?;
+        let bits = if flags.non_blocking { hipStreamNonBlocking } else { hipStreamDefault };
+        let mut stream: hipStream_t = ptr::null_mut();
+        // SAFETY: `dev` is current; `stream` is a valid out-pointer; the flags are HIP's.
+        check("hipStreamCreateWithPriority", unsafe {
+            sys::hipStreamCreateWithPriority(&mut stream, bits, priority)
+        })?;
+        Ok(HipStream(stream))
+    }
 
-/// `Unsupported`; never reached, since no [`HipGraph`] exists.
-///
-/// # Errors
-///
-/// Always `Error::Unsupported { operation: "graph_launch", backend: "hip" }`.
-pub(crate) fn graph_launch(_dev: DeviceId, _graph: &HipGraph, _stream: HipStream) -> Result<()> {
-    Err(result::unsupported("graph_launch"))
-}
+    /// Destroys a stream; work already queued on it still runs.
+    ///
+    /// # Safety
+    ///
+    /// The handle came from [`create`] and is destroyed once.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn stream_destroy(dev: DeviceId, stream: HipStream) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the caller guarantees a live stream of ours, destroyed once.
+        check("hipStreamDestroy", unsafe { sys::hipStreamDestroy(stream.0) })
+    }
 
-/// `Unsupported`; never reached, since no [`HipGraph`] exists.
-///
-/// # Errors
-///
-/// Always `Error::Unsupported { operation: "graph_upload", backend: "hip" }`.
-pub(crate) fn graph_upload(_dev: DeviceId, _graph: &HipGraph, _stream: HipStream) -> Result<()> {
-    Err(result::unsupported("graph_upload"))
-}
+    /// The stream's creation flags.
+    ///
+    /// Differs from the CUDA backend for the null stream: HIP answers `hipErrorInvalidValue` when
+    /// asked for its flags, where CUDA answers 0. The null stream is blocking by definition, so the
+    /// default flags are returned without asking.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn stream_flags(dev: DeviceId, stream: HipStream) -> Result<StreamFlags> {
+        make_current(dev)?;
+        if stream == HipStream::NULL {
+            return Ok(StreamFlags::default());
+        }
+        let mut bits: c_uint = 0;
+        // SAFETY: the handle is live (the contract); `bits` is a valid out-pointer.
+        check("hipStreamGetFlags", unsafe { sys::hipStreamGetFlags(stream.0, &mut bits) })?;
+        Ok(StreamFlags { non_blocking: bits & hipStreamNonBlocking != 0 })
+    }
 
-/// `Unsupported`; never reached, since no [`HipGraph`] exists.
-///
-/// # Errors
-///
-/// Always `Error::Unsupported { operation: "graph_destroy", backend: "hip" }`.
-pub(crate) fn graph_destroy(_dev: DeviceId, _graph: HipGraph) -> Result<()> {
-    Err(result::unsupported("graph_destroy"))
+    /// The stream's priority.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn stream_priority(dev: DeviceId, stream: HipStream) -> Result<i32> {
+        make_current(dev)?;
+        let mut priority: c_int = 0;
+        // SAFETY: the handle is live; `priority` is a valid out-pointer.
+        check("hipStreamGetPriority", unsafe { sys::hipStreamGetPriority(stream.0, &mut priority) })?;
+        Ok(priority)
+    }
+
+    /// `Ok(true)` when the stream's work is done, `Ok(false)` while some is pending.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn stream_query(dev: DeviceId, stream: HipStream) -> Result<bool> {
+        make_current(dev)?;
+        // SAFETY: the handle is live.
+        match unsafe { sys::hipStreamQuery(stream.0) } {
+            SUCCESS => Ok(true),
+            ERROR_NOT_READY => Ok(false),
+            code => Err(result::error("hipStreamQuery", code)),
+        }
+    }
+
+    /// Waits for the stream's work.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn stream_synchronize(dev: DeviceId, stream: HipStream) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: the handle is live.
+        check("hipStreamSynchronize", unsafe { sys::hipStreamSynchronize(stream.0) })
+    }
+
+    /// Makes the stream's future work wait for the event's last record.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn stream_wait_event(dev: DeviceId, stream: HipStream, event: &HipEvent) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: both handles are live; the flags must be 0.
+        check("hipStreamWaitEvent", unsafe { sys::hipStreamWaitEvent(stream.0, event.as_raw(), 0) })
+    }
+
+    /// Queues `func(data)` on the stream.
+    ///
+    /// Differs from the CUDA backend, which calls `cuLaunchHostFunc`: HIP 5.2's headers declare
+    /// `hipLaunchHostFunc`, but its library (Debian's `libamdhip64` 5.2.3) does not export it, so a
+    /// program calling it does not link. The function goes through `hipStreamAddCallback` instead,
+    /// which runs it on a runtime thread once the work queued before it is done and holds the
+    /// stream's later work until it returns, as `hipLaunchHostFunc` does. The two would differ only
+    /// under capture, which this backend does not offer: a function queued here runs exactly once.
+    ///
+    /// # Safety
+    ///
+    /// `func` does not unwind; `data` stays valid until the call.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error.
+    unsafe fn launch_host_func(
+        dev: DeviceId,
+        stream: HipStream,
+        func: HostFn,
+        data: *mut c_void,
+    ) -> Result<()> {
+        make_current(dev)?;
+        let call = Box::into_raw(Box::new(HostCall { func, data })).cast::<c_void>();
+        // SAFETY: the handle is live; the trampoline has the runtime's callback type (with the status
+        // read as an integer) and takes ownership of `call`, which the runtime passes to it once; the
+        // flags must be 0.
+        let code = unsafe { sys::hipStreamAddCallback(stream.0, host_call_trampoline, call, 0) };
+        if code != SUCCESS {
+            // SAFETY: the runtime refused the callback, so it will never call the trampoline: `call`
+            // is still the box made above, and ours to drop.
+            drop(unsafe { Box::from_raw(call.cast::<HostCall>()) });
+            return Err(result::error("hipStreamAddCallback", code));
+        }
+        Ok(())
+    }
+
+    /// Queues a one-shot callback (`hipStreamAddCallback`), given the stream's status when it runs.
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error; the callback is then dropped without running.
+    unsafe fn add_callback(dev: DeviceId, stream: HipStream, callback: StreamCallback) -> Result<()> {
+        make_current(dev)?;
+        // A thin pointer for the runtime: the callback is a fat `Box<dyn FnOnce>`.
+        let data = Box::into_raw(Box::new(callback)).cast::<c_void>();
+        // SAFETY: the handle is live; the trampoline has the runtime's callback type (with the status
+        // read as an integer) and takes ownership of `data`, which the runtime passes to it once; the
+        // flags must be 0.
+        let code = unsafe { sys::hipStreamAddCallback(stream.0, callback_trampoline, data, 0) };
+        if code != SUCCESS {
+            // SAFETY: the runtime refused the callback, so it will never call the trampoline: `data`
+            // is still the box made above, and ours to drop.
+            drop(unsafe { Box::from_raw(data.cast::<StreamCallback>()) });
+            return Err(result::error("hipStreamAddCallback", code));
+        }
+        Ok(())
+    }
 }

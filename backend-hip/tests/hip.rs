@@ -22,8 +22,9 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpumem_core::{
-    get_elapsed_time, Backend, CaptureMode, Device, Error, Event, EventFlags, ExternalStream, Memory,
-    MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamFlags, StreamOptions,
+    get_elapsed_time, CaptureMode, Device, DeviceOps, Error, Event, EventFlags, EventOps, ExternalStream,
+    GraphOps, Memory, MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamFlags,
+    StreamOps, StreamOptions,
 };
 use gpumem_hip::{Hip, HipGraph, HipStream};
 use hip_sys::hiprt::{hipStreamNonBlocking, hipStream_t};
@@ -99,14 +100,20 @@ fn device_presence_decides_every_answer() {
     assert!(is_no_device(&Hip::pointer_device(0x1000)));
     assert!(is_no_device(&Hip::malloc(0, 1024)));
     assert!(is_no_device(&Hip::malloc_host(0, 1024)));
-    assert!(is_no_device(&Hip::malloc_async(0, 1024, null)));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_no_device(&unsafe { Hip::malloc_async(0, 1024, null) }));
     assert!(is_no_device(&Hip::stream_priority_range(0)));
     assert!(is_no_device(&Hip::stream_create(0, StreamFlags { non_blocking: true }, 0)));
-    assert!(is_no_device(&Hip::stream_flags(0, null)));
-    assert!(is_no_device(&Hip::stream_flags(0, Hip::per_thread_stream())));
-    assert!(is_no_device(&Hip::stream_priority(0, null)));
-    assert!(is_no_device(&Hip::stream_query(0, Hip::legacy_stream())));
-    assert!(is_no_device(&Hip::stream_synchronize(0, Hip::per_thread_stream())));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_no_device(&unsafe { Hip::stream_flags(0, null) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_no_device(&unsafe { Hip::stream_flags(0, Hip::per_thread_stream()) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_no_device(&unsafe { Hip::stream_priority(0, null) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_no_device(&unsafe { Hip::stream_query(0, Hip::legacy_stream()) }));
+    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+    assert!(is_no_device(&unsafe { Hip::stream_synchronize(0, Hip::per_thread_stream()) }));
     assert!(is_no_device(&Hip::event_create(0, EventFlags::default())));
     // SAFETY: the addresses are never touched: the backend fails before any other runtime call.
     unsafe {
@@ -117,13 +124,16 @@ fn device_presence_decides_every_answer() {
     let ran = Arc::new(AtomicUsize::new(0));
     let r = {
         let ran = Arc::clone(&ran);
-        Hip::add_callback(
-            0,
-            null,
-            Box::new(move |_| {
-                ran.fetch_add(1, Ordering::SeqCst);
-            }),
-        )
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        unsafe {
+            Hip::add_callback(
+                0,
+                null,
+                Box::new(move |_| {
+                    ran.fetch_add(1, Ordering::SeqCst);
+                }),
+            )
+        }
     };
     assert!(is_no_device(&r));
     assert_eq!((ran.load(Ordering::SeqCst), Arc::strong_count(&ran)), (0, 1));
@@ -154,10 +164,13 @@ fn capture_is_unsupported_without_reaching_the_runtime() {
     }
     for (dev, stream) in [(0, HipStream::PER_THREAD), (0, HipStream::NULL), (7, HipStream::LEGACY)] {
         for mode in [CaptureMode::Global, CaptureMode::ThreadLocal, CaptureMode::Relaxed] {
-            is_unsupported("begin_capture", Hip::begin_capture(dev, stream, mode));
+            // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+            is_unsupported("begin_capture", unsafe { Hip::begin_capture(dev, stream, mode) });
         }
-        is_unsupported("end_capture", Hip::end_capture(dev, stream));
-        is_unsupported("capture_status", Hip::capture_status(dev, stream));
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        is_unsupported("end_capture", unsafe { Hip::end_capture(dev, stream) });
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        is_unsupported("capture_status", unsafe { Hip::capture_status(dev, stream) });
     }
     // `graph_launch`, `graph_upload` and `graph_destroy` take a `HipGraph`, and none can exist:
     // this function type-checks only because `HipGraph` has no values.
@@ -395,7 +408,8 @@ fn backend_operations_on_one_gpu() {
     // The stream-ordered allocator (the release threshold is raised on first use).
     if props.memory_pools_supported {
         let handle = s.handle();
-        let p = Hip::malloc_async(0, 1 << 20, handle).expect("malloc_async");
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        let p = unsafe { Hip::malloc_async(0, 1 << 20, handle) }.expect("malloc_async");
         // SAFETY: `p` is 1 MiB of stream-ordered memory, used and freed in order on `s`.
         unsafe {
             Hip::memset_async(0, p, 4, 1 << 20, handle).expect("memset_async");
@@ -404,7 +418,8 @@ fn backend_operations_on_one_gpu() {
         s.synchronize().expect("synchronize");
     } else {
         assert!(matches!(
-            Hip::malloc_async(0, 1024, s.handle()),
+            // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+            unsafe { Hip::malloc_async(0, 1024, s.handle()) },
             Err(Error::Unsupported { operation: "malloc_async", backend: "hip" })
         ));
     }
@@ -453,7 +468,8 @@ fn backend_operations_on_one_gpu() {
 
     // Capture status: unsupported, even with a device (the CUDA suite reads `None` here).
     assert!(matches!(
-        Hip::capture_status(0, s.handle()),
+        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
+        unsafe { Hip::capture_status(0, s.handle()) },
         Err(Error::Unsupported { operation: "capture_status", backend: "hip" })
     ));
 }

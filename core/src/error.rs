@@ -13,8 +13,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// The error a hook returns to stop an operation.
 pub type HookError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
+/// A hook's error as an [`Error`] keeps it: shared, so that [`Error`] is `Clone`.
+pub type SharedHookError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
+
 /// Everything that can go wrong in gpumem.
-#[derive(Debug, thiserror::Error)]
+#[derive(Clone, Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An allocation could not be served: the device (or the pool, after releasing its cached
@@ -68,9 +71,103 @@ pub enum Error {
         size: usize,
     },
 
-    /// An argument is not valid (flag combination, device id, size, handle). Nothing was done.
+    /// An argument is not valid (a flag combination, a size, a handle) and no more specific
+    /// variant says why. Nothing was done.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
+
+    /// The source and destination of a device copy overlap. Nothing was copied.
+    #[error("copy of {size} bytes from 0x{src:x} to 0x{dst:x}: source and destination overlap")]
+    Overlap {
+        /// The source address.
+        src: usize,
+        /// The destination address.
+        dst: usize,
+        /// The byte count.
+        size: usize,
+    },
+
+    /// A stream priority outside the device's range (lower numbers are higher priorities).
+    #[error("stream priority {priority} is outside the device's range [{greatest}, {least}]")]
+    PriorityOutOfRange {
+        /// The priority asked for.
+        priority: i32,
+        /// The device's lowest priority (largest number).
+        least: i32,
+        /// The device's highest priority (smallest number).
+        greatest: i32,
+    },
+
+    /// A device id that does not exist.
+    #[error("device {device} does not exist ({count} device(s) on the {backend} backend)")]
+    NoSuchDevice {
+        /// The id asked for.
+        device: i32,
+        /// How many devices there are.
+        count: usize,
+        /// The backend's name.
+        backend: &'static str,
+    },
+
+    /// Capture was asked of the null or legacy stream, which cannot capture (CuPy's message).
+    #[error("cannot capture on the default (legacy) stream")]
+    CaptureOnDefaultStream,
+
+    /// An asynchronous copy was given pageable host memory; it needs pinned memory.
+    #[error("{operation} from pageable host memory: use pinned memory or the synchronous form")]
+    PageableMemory {
+        /// The operation refused.
+        operation: &'static str,
+    },
+
+    /// Memory and a stream (or an event and a stream) of different devices were used together,
+    /// which the runtimes refuse.
+    #[error("{what} is on device {found}, but the stream is on device {expected}")]
+    WrongDevice {
+        /// What was on the wrong device (`"memory"`, `"event"`).
+        what: &'static str,
+        /// The stream's device.
+        expected: i32,
+        /// The other object's device.
+        found: i32,
+    },
+
+    /// A raw allocator returned a block that cannot hold what was asked for (too small, null, at
+    /// the end of the address space, or on another device). Nothing was lent from it.
+    #[error(
+        "the raw allocator returned {size} bytes at 0x{address:x} on device {block_device} for a request of {requested} bytes on device {device}"
+    )]
+    InvalidRawBlock {
+        /// The bytes asked for.
+        requested: usize,
+        /// The device asked for.
+        device: i32,
+        /// The block's address.
+        address: usize,
+        /// The block's size.
+        size: usize,
+        /// The block's device.
+        block_device: i32,
+    },
+
+    /// An environment variable has a value gpumem cannot use.
+    #[error("{variable}={value:?} is not valid: {expected}")]
+    InvalidEnvironment {
+        /// The variable's name.
+        variable: &'static str,
+        /// Its value.
+        value: String,
+        /// The accepted forms.
+        expected: &'static str,
+    },
+
+    /// A host function or callback called an operation that would wait for a stream from a
+    /// runtime thread (CUDA refuses every API call there). Nothing was done.
+    #[error("{operation} is not allowed inside a host function or stream callback")]
+    NotAllowedInCallback {
+        /// The operation refused.
+        operation: &'static str,
+    },
 
     /// The operation is not allowed while the stream captures (synchronous transfers, host
     /// transfers). The message is CuPy's.
@@ -111,7 +208,7 @@ pub enum Error {
         phase: &'static str,
         /// What the hook said.
         #[source]
-        source: HookError,
+        source: SharedHookError,
     },
 
     /// A callback or host function queued on a stream panicked. The panic was caught on the
@@ -123,8 +220,8 @@ pub enum Error {
     #[error("memory hook {0} already exists")]
     HookAlreadyRegistered(String),
 
-    /// The allocator cannot be changed inside a `using_allocator` scope (CuPy's message).
-    #[error("Can't change the global allocator inside `using_allocator` context manager")]
+    /// The allocator cannot be changed while a `using_allocator` guard is alive on this thread.
+    #[error("the global allocator cannot be changed while a `using_allocator` guard is alive")]
     AllocatorInUse,
 
     /// The runtime reported an error.

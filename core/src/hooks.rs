@@ -28,8 +28,8 @@ use std::ops::Deref;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::backend::{DeviceId, DevicePtr};
 use crate::error::{Error, HookError, Result};
+use crate::hal::{DeviceId, DevicePtr};
 
 /// What the alloc hooks receive (CuPy's kwargs). `mem_ptr` is 0 in `alloc_preprocess` and after
 /// a failed allocation.
@@ -173,7 +173,11 @@ pub(crate) fn fire(phase: &'static str, call: impl Fn(&dyn MemoryHook) -> HookRe
             registry.hooks.get(i).map(|hook| (Rc::clone(hook), i + 1 < registry.hooks.len()))
         });
         let Some((hook, more)) = next.ok().flatten() else { return Ok(()) };
-        call(&*hook).map_err(|source| Error::Hook { hook: hook.name().to_owned(), phase, source })?;
+        call(&*hook).map_err(|source| Error::Hook {
+            hook: hook.name().to_owned(),
+            phase,
+            source: source.into(),
+        })?;
         if !more {
             return Ok(());
         }
@@ -280,4 +284,27 @@ impl<H: MemoryHook + fmt::Debug + 'static> fmt::Debug for HookGuard<H> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_tuple("HookGuard").field(&self.hook).finish()
     }
+}
+
+thread_local! {
+    /// The first error a free hook returned while a chunk was dropped (a `Drop` cannot return
+    /// it), until [`take_drop_error`] reports it.
+    static DROP_ERROR: RefCell<Option<Error>> = const { RefCell::new(None) };
+}
+
+/// Keeps a free hook's error met while a chunk was dropped on this thread.
+pub(crate) fn record_drop_error(error: Error) {
+    let _ = DROP_ERROR.try_with(|slot| {
+        let mut slot = slot.borrow_mut();
+        if slot.is_none() {
+            *slot = Some(error);
+        }
+    });
+}
+
+/// The first error a free hook returned on this thread while a chunk was being dropped, since the
+/// last call; dropping cannot return it, [`PooledMemory::free`](crate::PooledMemory::free) does.
+#[must_use]
+pub fn take_drop_error() -> Option<Error> {
+    DROP_ERROR.try_with(|slot| slot.borrow_mut().take()).ok().flatten()
 }

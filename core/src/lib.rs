@@ -7,26 +7,27 @@
 //!
 //! # How it is cut
 //!
-//! - [`backend`]: the contract. A backend ([`Backend`]) is a marker type whose associated
-//!   functions are the runtime's raw operations. **Backends translate; the typed layer
-//!   validates.** Bounds, device matching, capture state and flag combinations are checked once,
-//!   here, before any backend call; a backend never checks user input, never pools and never
-//!   panics (a missing runtime is [`Error::DriverNotFound`]).
-//! - The typed layer, generic over `B: Backend`: [`Memory`], [`UnownedMemory`],
-//!   [`MemoryPointer`] (bounds-checked copies and memsets), [`PinnedMemory`] and
-//!   [`PinnedMemoryPointer`], [`Stream`] and [`ExternalStream`], [`Event`], [`Graph`],
-//!   [`Device`], and the current device and stream of each thread.
-//! - [`pool`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`] with CuPy's rules, generic over a
-//!   [`RawAllocator`]; no FFI and no `unsafe` in it. [`PinnedMemoryPool`] for pinned buffers.
-//! - [`hooks`]: [`MemoryHook`] and per-thread registration.
-//! - [`host`]: the host backend, where device memory is host memory and each stream is a worker
-//!   thread. It is the default backend and what CI runs on.
+//! Four layers; each imports only the layers below it (`tests/layers.rs` checks it):
 //!
-//! # Safety
+//! 0. [`error`]: the one error type.
+//! 1. [`hal`]: the backend contract. A backend is a marker type implementing [`hal::Api`] and
+//!    one trait per concern ([`DeviceOps`], [`MemoryOps`], [`StreamOps`], [`EventOps`],
+//!    [`GraphOps`]). **Backends translate; the typed layer validates.** Bounds, device matching,
+//!    capture state and flag combinations are checked once, in the typed layer, before any
+//!    backend call; a backend never checks user input, never pools and never panics (a missing
+//!    runtime is [`Error::DriverNotFound`]). Beside it, [`hooks`]: [`MemoryHook`] and per-thread
+//!    registration.
+//! 2. [`pool`]: the caching pool as a data structure ([`pool::Pool`]), generic over a
+//!    [`RawAllocator`] and its block type; it knows sizes, addresses, arena keys and fences, and
+//!    no backend, stream or memory type.
+//! 3. [`runtime`]: the typed layer, the only code generic over a backend (`B: `[`Runtime`]):
+//!    [`Memory`], [`UnownedMemory`], [`MemoryPointer`] (bounds-checked copies and memsets),
+//!    [`PinnedMemory`] and [`PinnedMemoryPointer`], [`SingleDeviceMemoryPool`] and
+//!    [`MemoryPool`], [`Stream`] and [`ExternalStream`], [`Event`], [`Graph`], [`Device`], and
+//!    the current device and stream of each thread.
 //!
-//! `unsafe` lives in the modules that must touch raw memory or FFI trampolines (memory,
-//! transfers, pinned memory, callbacks, the host backend); each `unsafe` block names the invariant
-//! it relies on. The pool, streams, events, hooks and allocator modules are safe code.
+//! [`host`] is a backend like the others (the same file names as the CUDA and HIP backends): the
+//! default one, where device memory is host memory and each stream is a worker thread.
 //!
 //! # Example
 //!
@@ -50,51 +51,49 @@
 
 #![deny(unsafe_code)]
 
-pub mod allocator;
-#[allow(unsafe_code)]
-pub mod backend;
-mod callback;
-mod context;
-mod device;
 pub mod error;
-mod event;
-mod graph;
+#[allow(unsafe_code)] // declares the contract's unsafe operations
+pub mod hal;
 pub mod hooks;
-pub mod host;
-#[allow(unsafe_code)]
-mod memory;
-mod pinned;
 pub mod pool;
-#[allow(unsafe_code)]
-mod stream;
-#[allow(unsafe_code)]
-mod transfer;
+pub mod runtime;
 
-pub use allocator::{
+#[allow(unsafe_code)]
+pub mod host;
+
+pub use error::{Error, HookError, Result};
+pub use hal::{
+    Api, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps, DeviceProperties, DevicePtr,
+    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, StreamCallback, StreamFlags, StreamOps,
+};
+pub use hooks::{AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
+pub use pool::{
+    round_size, ArenaKey, Fence, GrowthPolicy, Limit, PooledMemory, RawAllocator, RawBlock,
+    ALLOCATION_UNIT_SIZE, LIMIT_ENV,
+};
+pub use runtime::allocator::{
     alloc, get_allocator, get_default_memory_pool, get_default_pinned_memory_pool, set_allocator,
     using_allocator, Allocator, AllocatorGuard, PlainAllocator,
 };
-pub use backend::{
-    Backend, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
-    StreamCallback, StreamFlags,
-};
-pub use context::{Globals, ThreadState};
-pub use device::{Device, DeviceGuard};
-pub use error::{Error, HookError, Result};
-pub use event::{get_elapsed_time, Event};
-pub use graph::Graph;
-pub use hooks::{AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
-pub use memory::{BaseMemory, Memory, MemoryPointer, UnownedMemory};
-pub use pinned::{
+pub use runtime::device::{Device, DeviceGuard};
+pub use runtime::memory::{BaseMemory, Memory, UnownedMemory};
+pub use runtime::pinned::{
     PinnedAllocator, PinnedBuffer, PinnedMemory, PinnedMemoryPointer, PinnedMemoryPool,
     RuntimePinnedAllocator,
 };
-pub use pool::{
-    round_size, DeviceAllocator, GrowthPolicy, Limit, MemoryPool, PooledMemory, RawAllocator,
-    SingleDeviceMemoryPool, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
-};
-pub use stream::{
+pub use runtime::pointer::MemoryPointer;
+pub use runtime::pools::{DeviceAllocator, FnAllocator, MemoryPool, SingleDeviceMemoryPool};
+pub use runtime::state::{take_deferred_error, Runtime};
+pub use runtime::stream::event::{get_elapsed_time, Event};
+pub use runtime::stream::graph::Graph;
+pub use runtime::stream::{
     ExternalStream, Stream, StreamGuard, StreamOptions, LEGACY_STREAM_PTR, NULL_STREAM_PTR,
     PER_THREAD_STREAM_PTR,
 };
-pub use transfer::CopySource;
+pub use runtime::transfer::CopySource;
+
+/// What the [`runtime_statics!`] macro names in a backend crate; not part of the API.
+#[doc(hidden)]
+pub mod __private {
+    pub use crate::runtime::state::{Globals, ThreadState};
+}

@@ -2,11 +2,10 @@
 //! example, the flush option and writer failures.
 
 use std::io::{self, Write};
-use std::sync::Arc;
 
 use gpumem_core::hooks::install;
 use gpumem_core::host::Host;
-use gpumem_core::{BaseMemory, DeviceId, Error, MemoryPool, RawAllocator, SingleDeviceMemoryPool};
+use gpumem_core::{BaseMemory, DeviceId, Error, FnAllocator, MemoryPool, SingleDeviceMemoryPool};
 use gpumem_hooks::DebugPrintHook;
 use serde_json::Value;
 
@@ -303,11 +302,10 @@ fn a_failing_writer_fails_free_without_leaking() -> TestResult {
 
 #[test]
 fn failed_allocations_print_zero_pointers() -> TestResult {
-    let oom: Arc<dyn RawAllocator<Host>> =
-        Arc::new(|_: DeviceId, size: usize| -> gpumem_core::Result<Box<dyn BaseMemory<Host>>> {
-            Err(Error::OutOfMemory { size, total: None })
-        });
-    let pool = SingleDeviceMemoryPool::<Host>::with_allocator(0, oom)?;
+    let oom = FnAllocator(|_: DeviceId, size: usize| -> gpumem_core::Result<Box<dyn BaseMemory<Host>>> {
+        Err(Error::OutOfMemory { size, total: None })
+    });
+    let pool = SingleDeviceMemoryPool::<Host, _>::with_allocator(0, oom)?;
     let hook = install(DebugPrintHook::new(Vec::new()))?;
     let e = pool.malloc(10).unwrap_err();
     assert!(e.is_out_of_memory(), "{e}");

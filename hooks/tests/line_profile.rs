@@ -4,13 +4,9 @@
 //! These need the test binary's debug info (the test profile has it) and must live outside
 //! gpumem-hooks' own unit tests: frames of gpumem's crates are never reported.
 
-use std::sync::Arc;
-
 use gpumem_core::hooks::install;
 use gpumem_core::host::Host;
-use gpumem_core::{
-    BaseMemory, DeviceId, Error, MemoryHook, MemoryPool, RawAllocator, SingleDeviceMemoryPool,
-};
+use gpumem_core::{BaseMemory, DeviceId, Error, FnAllocator, MemoryHook, MemoryPool, SingleDeviceMemoryPool};
 use gpumem_hooks::{LineProfileHook, ProfileEntry};
 
 type TestResult = Result<(), Box<dyn std::error::Error>>;
@@ -162,11 +158,10 @@ fn skipped_crates_are_not_reported() -> TestResult {
 
 #[test]
 fn failed_attempts_count_as_in_cupy() -> TestResult {
-    let oom: Arc<dyn RawAllocator<Host>> =
-        Arc::new(|_: DeviceId, size: usize| -> gpumem_core::Result<Box<dyn BaseMemory<Host>>> {
-            Err(Error::OutOfMemory { size, total: None })
-        });
-    let pool = SingleDeviceMemoryPool::<Host>::with_allocator(0, oom)?;
+    let oom = FnAllocator(|_: DeviceId, size: usize| -> gpumem_core::Result<Box<dyn BaseMemory<Host>>> {
+        Err(Error::OutOfMemory { size, total: None })
+    });
+    let pool = SingleDeviceMemoryPool::<Host, _>::with_allocator(0, oom)?;
     let hook = install(LineProfileHook::new(0))?;
     assert!(pool.malloc(100).unwrap_err().is_out_of_memory());
     // Recorded before each operation: one malloc, three raw attempts.

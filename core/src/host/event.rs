@@ -5,10 +5,13 @@
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::backend::EventFlags;
 use crate::error::Result;
+use crate::hal::{CaptureStatus, DeviceId, EventFlags, EventOps};
 
-use super::code::{err, Code};
+use super::memory;
+use super::result::{err, Code};
+use super::worker::join_legacy;
+use super::{target, Host, HostStream, Target};
 
 #[derive(Debug)]
 struct Marks {
@@ -105,5 +108,52 @@ impl HostEvent {
             }
             _ => Err(err(api, Code::InvalidHandle, None)),
         }
+    }
+}
+
+impl EventOps for Host {
+    fn event_create(dev: DeviceId, flags: EventFlags) -> Result<Arc<HostEvent>> {
+        memory::check_device("cuEventCreate", dev)?;
+        Ok(HostEvent::new(flags))
+    }
+    fn event_destroy(_dev: DeviceId, event: Arc<HostEvent>) -> Result<()> {
+        drop(event);
+        Ok(())
+    }
+    unsafe fn event_record(dev: DeviceId, event: &Arc<HostEvent>, stream: HostStream) -> Result<()> {
+        match target("cuEventRecord", dev, stream)? {
+            Target::Legacy => {
+                join_legacy(dev, "cuEventRecord")?;
+                event.record_now();
+                Ok(())
+            }
+            Target::Worker(w) => {
+                if w.capture_status() != CaptureStatus::None {
+                    let event = Arc::clone(event);
+                    return w.submit("cuEventRecord", Arc::new(move || event.record_now()));
+                }
+                let generation = event.next_generation();
+                let ev = Arc::clone(event);
+                let queued = w.submit("cuEventRecord", Arc::new(move || ev.complete(generation)));
+                if queued.is_err() {
+                    // Never queued: complete the generation so the event does not hang.
+                    event.complete(generation);
+                }
+                queued
+            }
+        }
+    }
+    fn event_query(_dev: DeviceId, event: &Arc<HostEvent>) -> Result<bool> {
+        Ok(event.query())
+    }
+    fn event_synchronize(_dev: DeviceId, event: &Arc<HostEvent>) -> Result<()> {
+        event.synchronize();
+        Ok(())
+    }
+    fn event_elapsed_ms(_dev: DeviceId, start: &Arc<HostEvent>, end: &Arc<HostEvent>) -> Result<f32> {
+        if start.flags.disable_timing || end.flags.disable_timing {
+            return Err(err("cuEventElapsedTime", Code::InvalidHandle, Some("timing is disabled".into())));
+        }
+        HostEvent::elapsed_ms(start, end)
     }
 }

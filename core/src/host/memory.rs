@@ -9,10 +9,14 @@ use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::BTreeMap;
 use std::sync::{Mutex, MutexGuard, OnceLock};
 
-use crate::backend::{DeviceId, DevicePtr};
-use crate::error::{Error, Result};
+use std::sync::Arc;
 
-use super::code::{err, Code};
+use crate::error::{Error, Result};
+use crate::hal::{DeviceId, DevicePtr, MemoryOps};
+
+use super::result::{err, Code};
+use super::worker::{drain_device, join_legacy};
+use super::{enqueue, Host, HostStream};
 
 /// The alignment of host allocations: the pool's unit, more than CUDA's 256 bytes.
 const ALIGN: usize = 512;
@@ -129,4 +133,84 @@ pub(crate) fn device_of(ptr: DevicePtr) -> Option<DeviceId> {
 /// Bytes allocated on a device.
 pub(crate) fn used(dev: usize) -> usize {
     registry().used[dev]
+}
+
+impl MemoryOps for Host {
+    fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+        allocate("cuMemAlloc", Some(dev), size)
+    }
+    unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
+        // As cudaFree: wait for the device's work, which may still use the memory.
+        drain_device(Some(dev));
+        release("cuMemFree", Some(dev), ptr)
+    }
+    fn malloc_host(_dev: DeviceId, size: usize) -> Result<*mut u8> {
+        allocate("cuMemHostAlloc", None, size).map(|p| p as *mut u8)
+    }
+    unsafe fn free_host(_dev: DeviceId, ptr: *mut u8) -> Result<()> {
+        drain_device(None);
+        release("cuMemFreeHost", None, ptr as DevicePtr)
+    }
+    unsafe fn malloc_async(dev: DeviceId, size: usize, _stream: HostStream) -> Result<DevicePtr> {
+        allocate("cuMemAllocAsync", Some(dev), size)
+    }
+    unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: HostStream) -> Result<()> {
+        enqueue(
+            "cuMemFreeAsync",
+            dev,
+            stream,
+            Arc::new(move || {
+                // Ordered after the stream's earlier work, which is all that may use it.
+                let _ = release("cuMemFreeAsync", Some(dev), ptr);
+            }),
+        )
+    }
+    unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
+        join_legacy(dev, "cuMemcpy")?;
+        // SAFETY: the caller guarantees both ranges are valid and do not overlap.
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
+        Ok(())
+    }
+    unsafe fn memcpy_async(
+        dev: DeviceId,
+        dst: DevicePtr,
+        src: DevicePtr,
+        n: usize,
+        stream: HostStream,
+    ) -> Result<()> {
+        enqueue(
+            "cuMemcpyAsync",
+            dev,
+            stream,
+            Arc::new(move || {
+                // SAFETY: the caller guarantees both ranges stay valid and disjoint until the
+                // stream reaches this copy (and every replay of a graph that captured it).
+                unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst as *mut u8, n) };
+            }),
+        )
+    }
+    unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
+        join_legacy(dev, "cuMemsetD8")?;
+        // SAFETY: the caller guarantees the range is valid.
+        unsafe { std::ptr::write_bytes(dst as *mut u8, value, n) };
+        Ok(())
+    }
+    unsafe fn memset_async(
+        dev: DeviceId,
+        dst: DevicePtr,
+        value: u8,
+        n: usize,
+        stream: HostStream,
+    ) -> Result<()> {
+        enqueue(
+            "cuMemsetD8Async",
+            dev,
+            stream,
+            Arc::new(move || {
+                // SAFETY: the caller guarantees the range stays valid until the stream reaches
+                // this memset (and every replay).
+                unsafe { std::ptr::write_bytes(dst as *mut u8, value, n) };
+            }),
+        )
+    }
 }

@@ -10,10 +10,10 @@ use std::collections::VecDeque;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 
-use crate::backend::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
 use crate::error::Result;
+use crate::hal::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
 
-use super::code::{err, Code};
+use super::result::{err, Code};
 
 /// A replayable operation: copies, memsets, host functions, event records and waits.
 pub(crate) type Op = Arc<dyn Fn() + Send + Sync>;

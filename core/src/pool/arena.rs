@@ -5,8 +5,9 @@
 //! grown. Everything here runs under the arena's own lock; nothing here calls the runtime or a
 //! hook, so the lock is held for a few dozen instructions.
 
-use crate::backend::{Backend, DevicePtr};
-use crate::memory::BaseMemory;
+use crate::hal::types::DevicePtr;
+
+use super::raw::RawBlock;
 
 use super::index::{bin_for, FreeIndex, NIL};
 
@@ -31,11 +32,10 @@ struct Chunk {
 }
 
 /// The chunks of one arena. See the module docs.
-#[derive(Debug)]
-pub(crate) struct ArenaState<B: Backend> {
+pub(crate) struct ArenaState<K> {
     chunks: Vec<Chunk>,
     vacant: Vec<u32>,
-    blocks: Vec<Option<Box<dyn BaseMemory<B>>>>,
+    blocks: Vec<Option<K>>,
     vacant_blocks: Vec<u32>,
     index: FreeIndex,
     /// No longer in the pool's map: allocations must go to the arena that replaced it.
@@ -60,7 +60,7 @@ pub(crate) struct Lent {
     pub(crate) ptr: DevicePtr,
 }
 
-impl<B: Backend> ArenaState<B> {
+impl<K: RawBlock> ArenaState<K> {
     pub(crate) fn new() -> Self {
         ArenaState {
             chunks: Vec::new(),
@@ -163,8 +163,8 @@ impl<B: Backend> ArenaState<B> {
     }
 
     /// Adds a new raw block of `size` bytes and lends all of it.
-    pub(crate) fn lend_new_block(&mut self, mem: Box<dyn BaseMemory<B>>, size: usize) -> Lent {
-        let ptr = mem.ptr();
+    pub(crate) fn lend_new_block(&mut self, mem: K, size: usize) -> Lent {
+        let ptr = mem.address();
         let block = match self.vacant_blocks.pop() {
             Some(b) => {
                 self.blocks[b as usize] = Some(mem);
@@ -193,7 +193,7 @@ impl<B: Backend> ArenaState<B> {
     /// arena is orphaned (its pool is gone) and the merged chunk is a whole block, the block is
     /// released and returned for the caller to free outside the lock.
     #[inline(always)]
-    pub(crate) fn give_back(&mut self, slot: u32) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
+    pub(crate) fn give_back(&mut self, slot: u32) -> Option<(K, usize)> {
         let Chunk { size, prev, next, state, .. } = self.chunks[slot as usize];
         debug_assert_eq!(state, State::Lent, "a chunk went back twice");
         self.used_bytes -= size;
@@ -209,7 +209,7 @@ impl<B: Backend> ArenaState<B> {
     /// For an orphaned arena: releases the chunk's block if the chunk is all of it, else keeps it
     /// free.
     #[cold]
-    fn release_if_whole(&mut self, slot: u32) -> Option<(Box<dyn BaseMemory<B>>, usize)> {
+    fn release_if_whole(&mut self, slot: u32) -> Option<(K, usize)> {
         let c = self.chunks[slot as usize];
         if c.prev == NIL && c.next == NIL {
             return Some(self.release(slot));
@@ -251,7 +251,7 @@ impl<B: Backend> ArenaState<B> {
         slot
     }
 
-    fn release(&mut self, slot: u32) -> (Box<dyn BaseMemory<B>>, usize) {
+    fn release(&mut self, slot: u32) -> (K, usize) {
         let chunk = self.chunks[slot as usize];
         self.vacate(slot);
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
@@ -262,7 +262,7 @@ impl<B: Backend> ArenaState<B> {
     /// Releases every free chunk that is a whole raw block (CuPy's `free_all_blocks`: a split
     /// block stays until its parts are merged back). The blocks go to `out`, to be freed outside
     /// the lock; returns the bytes released.
-    pub(crate) fn release_free_blocks(&mut self, out: &mut Vec<Box<dyn BaseMemory<B>>>) -> usize {
+    pub(crate) fn release_free_blocks(&mut self, out: &mut Vec<K>) -> usize {
         let mut bytes = 0;
         for slot in 0..self.chunks.len() as u32 {
             let c = self.chunks[slot as usize];
@@ -288,7 +288,7 @@ impl<B: Backend> ArenaState<B> {
     }
 
     /// Releases one free chunk that is a whole raw block, if it still is one.
-    pub(crate) fn release_whole(&mut self, slot: u32, size: usize) -> Option<Box<dyn BaseMemory<B>>> {
+    pub(crate) fn release_whole(&mut self, slot: u32, size: usize) -> Option<K> {
         let c = *self.chunks.get(slot as usize)?;
         if c.state != State::Free || c.prev != NIL || c.next != NIL || c.size != size {
             return None;

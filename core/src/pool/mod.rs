@@ -34,26 +34,26 @@
 mod arena;
 mod index;
 mod limit;
-mod multi;
+mod raw;
 mod sync;
+#[cfg(test)]
+mod tests;
 
-use std::cell::RefCell;
 use std::collections::HashMap;
 use std::fmt;
-use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicU8, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::backend::{Backend, DeviceId, DevicePtr};
 use crate::error::{Error, Result};
+use crate::hal::types::{DeviceId, DevicePtr};
 use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent};
-use crate::memory::{BaseMemory, Memory, MemoryPointer};
-use crate::stream::Stream;
 
 use arena::{ArenaState, Lent};
 pub use limit::{Limit, LIMIT_ENV};
-pub use multi::MemoryPool;
+pub use raw::{RawAllocator, RawBlock};
+pub use sync::ArenaCache;
 use sync::{ArenaLock, ArenaRef};
 
 /// The pool's allocation unit: every size is rounded up to a multiple of it (CuPy's
@@ -66,37 +66,6 @@ pub(crate) const UNIT: usize = ALLOCATION_UNIT_SIZE;
 #[must_use]
 pub fn round_size(size: usize) -> Option<usize> {
     size.checked_add(UNIT - 1).map(|s| s / UNIT * UNIT)
-}
-
-/// Allocates the raw blocks a pool carves up. The default, [`DeviceAllocator`], calls the
-/// runtime; tests supply fault-injecting or mock allocators, and embedders their own.
-pub trait RawAllocator<B: Backend>: Send + Sync {
-    /// Allocates `size > 0` bytes on `device`.
-    ///
-    /// # Errors
-    ///
-    /// An out-of-memory error ([`Error::is_out_of_memory`]) makes the pool release its cache and
-    /// retry; any other error goes to the caller as is.
-    fn allocate(&self, device: DeviceId, size: usize) -> Result<Box<dyn BaseMemory<B>>>;
-}
-
-/// The runtime's device allocator ([`Memory::new_on`]).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DeviceAllocator;
-
-impl<B: Backend> RawAllocator<B> for DeviceAllocator {
-    fn allocate(&self, device: DeviceId, size: usize) -> Result<Box<dyn BaseMemory<B>>> {
-        Ok(Box::new(Memory::<B>::new_on(device, size)?))
-    }
-}
-
-impl<B: Backend, F> RawAllocator<B> for F
-where
-    F: Fn(DeviceId, usize) -> Result<Box<dyn BaseMemory<B>>> + Send + Sync,
-{
-    fn allocate(&self, device: DeviceId, size: usize) -> Result<Box<dyn BaseMemory<B>>> {
-        self(device, size)
-    }
 }
 
 /// How a pool trades memory held from the device against calls to the raw allocator.
@@ -128,23 +97,28 @@ pub struct ArenaKey(u64);
 impl ArenaKey {
     /// The null stream's arena.
     pub const NULL: ArenaKey = ArenaKey(0);
-    /// Not yet known (a thread's state before its first allocation).
-    pub(crate) const UNSET: ArenaKey = ArenaKey(u64::MAX);
+    /// Not yet known (a thread's state before its first allocation); never an arena.
+    pub const UNSET: ArenaKey = ArenaKey(u64::MAX);
     const PER_THREAD: u64 = 1 << 63;
 
-    pub(crate) fn stream(raw: usize) -> ArenaKey {
+    /// The arena of the stream whose raw handle is `raw`.
+    #[must_use]
+    pub fn stream(raw: usize) -> ArenaKey {
         ArenaKey(raw as u64 & !Self::PER_THREAD)
     }
 
-    pub(crate) fn per_thread(thread: u64) -> ArenaKey {
+    /// The arena of host thread number `thread`'s per-thread default stream (whose raw value is
+    /// the same on every thread).
+    #[must_use]
+    pub fn per_thread(thread: u64) -> ArenaKey {
         ArenaKey(Self::PER_THREAD | thread)
     }
 }
 
-struct Shared<B: Backend> {
+struct Shared<R: RawAllocator> {
     uid: u64,
     device: DeviceId,
-    allocator: Arc<dyn RawAllocator<B>>,
+    allocator: R,
     total_bytes: AtomicUsize,
     /// 0: unlimited.
     limit: AtomicUsize,
@@ -152,75 +126,52 @@ struct Shared<B: Backend> {
     policy: AtomicU8,
     /// The most bytes seen in use at once, sampled at misses (`HoldPeakInUse`).
     peak_in_use: AtomicUsize,
+    /// Chunks released behind a fence that has not completed yet (see [`Fence`]).
+    fenced: Mutex<Vec<Fenced<R>>>,
+    /// Whether `fenced` may be non-empty: lets a miss skip the lock when nothing waits.
+    any_fenced: AtomicBool,
 }
 
-pub(crate) struct Arena<B: Backend> {
+/// A chunk waiting for its fence before it goes back to its arena.
+struct Fenced<R: RawAllocator> {
+    arena: ArenaRef<Arena<R>>,
+    slot: u32,
+    fence: Box<dyn Fence>,
+}
+
+/// Work queued on some stream that a released chunk must outlive: the pool lends the chunk again
+/// only once [`Fence::is_complete`] says so (checked when an arena misses and before the pool
+/// grows), or after [`Fence::wait`] (the out-of-memory ladder's last resort).
+///
+/// The runtime implements it with an event recorded on each stream that used the chunk.
+pub trait Fence: Send + Sync + 'static {
+    /// Whether the work the fence stands for is done. Must not block.
+    fn is_complete(&self) -> bool;
+    /// Blocks until the work is done.
+    fn wait(&self);
+}
+
+pub(crate) struct Arena<R: RawAllocator> {
     uid: u32,
-    shared: Arc<Shared<B>>,
-    state: ArenaLock<ArenaState<B>>,
+    shared: Arc<Shared<R>>,
+    state: ArenaLock<ArenaState<R::Block>>,
 }
 
-/// A pool's arenas as seen by one thread: the last few `(pool, key)` pairs it used.
-pub(crate) struct ArenaCache<B: Backend> {
-    entries: RefCell<Vec<CacheEntry<B>>>,
-}
-
-/// `(pool, key, arena)`.
-type CacheEntry<B> = (u64, ArenaKey, Arc<Arena<B>>);
-
-const ARENA_CACHE_SIZE: usize = 8;
-
-impl<B: Backend> ArenaCache<B> {
-    pub(crate) const fn new() -> Self {
-        ArenaCache { entries: RefCell::new(Vec::new()) }
-    }
-
-    fn get(&self, pool: u64, key: ArenaKey) -> Option<Arc<Arena<B>>> {
-        self.entries.borrow().iter().find(|(p, k, _)| *p == pool && *k == key).map(|(_, _, a)| Arc::clone(a))
-    }
-
-    fn put(&self, pool: u64, key: ArenaKey, arena: Arc<Arena<B>>) {
-        let mut entries = self.entries.borrow_mut();
-        entries.retain(|(p, k, _)| !(*p == pool && *k == key));
-        if entries.len() >= ARENA_CACHE_SIZE {
-            entries.pop();
-        }
-        entries.insert(0, (pool, key, arena));
-    }
-}
-
-/// A pool for one device: CuPy's `SingleDeviceMemoryPool`. See the [module docs](self).
+/// The pool for one device: CuPy's `SingleDeviceMemoryPool` rules, as a data structure. See the
+/// [module docs](self).
 ///
-/// ```
-/// use gpumem_core::host::Host;
-/// use gpumem_core::{Limit, SingleDeviceMemoryPool};
-///
-/// let pool = SingleDeviceMemoryPool::<Host>::new(0)?;
-/// let a = pool.malloc(1000)?; // 1024 bytes
-/// let b = pool.malloc(2048)?;
-/// assert_eq!((pool.used_bytes(), pool.total_bytes()), (3072, 3072));
-/// drop(b);
-/// assert_eq!((pool.free_bytes(), pool.n_free_blocks()), (2048, 1));
-/// pool.set_limit(Limit::Bytes(4096))?;
-/// // Before giving up, the pool released its cached 2048-byte block and retried.
-/// assert_eq!(
-///     pool.malloc(4096).unwrap_err().to_string(),
-///     "Out of memory allocating 4,096 bytes (allocated so far: 1,024 bytes, limit set to: 4,096 bytes)."
-/// );
-/// drop(a);
-/// pool.free_all_blocks(None);
-/// assert_eq!(pool.total_bytes(), 0);
-/// # Ok::<(), gpumem_core::Error>(())
-/// ```
-pub struct SingleDeviceMemoryPool<B: Backend> {
-    shared: Arc<Shared<B>>,
-    arenas: Mutex<HashMap<ArenaKey, Arc<Arena<B>>>>,
+/// It knows sizes, addresses, arena keys and fences; it calls nothing but its raw allocator and
+/// the memory hooks. The caller names the arena of every allocation (the runtime passes the
+/// current stream's) and lends it a per-thread [`ArenaCache`] for the hot path.
+pub struct Pool<R: RawAllocator> {
+    shared: Arc<Shared<R>>,
+    arenas: Mutex<HashMap<ArenaKey, Arc<Arena<R>>>>,
     next_arena: AtomicU32,
 }
 
-impl<B: Backend> fmt::Debug for SingleDeviceMemoryPool<B> {
+impl<R: RawAllocator> fmt::Debug for Pool<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SingleDeviceMemoryPool")
+        f.debug_struct("Pool")
             .field("device", &self.shared.device)
             .field("used_bytes", &self.used_bytes())
             .field("total_bytes", &self.total_bytes())
@@ -234,26 +185,10 @@ fn next_pool_uid() -> u64 {
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
 
-impl<B: Backend> SingleDeviceMemoryPool<B> {
-    /// A pool for `device` on the runtime's allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
-    /// is set.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidArgument` when the variable cannot be parsed; the runtime's error when a fraction
-    /// needs the device's memory size.
-    pub fn new(device: DeviceId) -> Result<Self> {
-        Self::with_allocator(device, Arc::new(DeviceAllocator))
-    }
-
-    /// A pool for `device` on the given raw allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
-    /// is set.
-    ///
-    /// # Errors
-    ///
-    /// As [`SingleDeviceMemoryPool::new`].
-    pub fn with_allocator(device: DeviceId, allocator: Arc<dyn RawAllocator<B>>) -> Result<Self> {
-        let pool = SingleDeviceMemoryPool {
+impl<R: RawAllocator> Pool<R> {
+    /// An empty, unlimited pool for `device` on `allocator`.
+    pub fn new(device: DeviceId, allocator: R) -> Self {
+        Pool {
             shared: Arc::new(Shared {
                 uid: next_pool_uid(),
                 device,
@@ -262,14 +197,12 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
                 limit: AtomicUsize::new(0),
                 policy: AtomicU8::new(0),
                 peak_in_use: AtomicUsize::new(0),
+                fenced: Mutex::new(Vec::new()),
+                any_fenced: AtomicBool::new(false),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
-        };
-        if let Some(limit) = Limit::from_env()? {
-            pool.set_limit(limit)?;
         }
-        Ok(pool)
     }
 
     /// The device this pool allocates on.
@@ -278,41 +211,42 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         self.shared.device
     }
 
-    /// Allocates `size` bytes and returns a [`MemoryPointer`] to them (CuPy's `malloc`). Size 0
-    /// gives a pointer to an empty, unpooled [`Memory`], as in CuPy.
+    /// The raw allocator.
+    #[must_use]
+    pub fn allocator(&self) -> &R {
+        &self.shared.allocator
+    }
+
+    /// Allocates `size` bytes from the arena `key` and returns the chunk, which goes back to the
+    /// pool when dropped; fires the memory hooks when any is installed. Size 0 gives an empty
+    /// chunk (address 0), as CuPy's zero-size `malloc`.
     ///
     /// # Errors
     ///
     /// `LimitExceeded` or `OutOfMemory` (CuPy's messages) once the retries are exhausted; a
-    /// hook's error; the raw allocator's other errors.
-    pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
-        let pooled = self.malloc_pooled(size)?;
-        if !pooled.is_chunk() {
-            return Ok(MemoryPointer::from_memory(Memory::<B>::new_on(self.shared.device, 0)?));
-        }
-        Ok(MemoryPointer::from_memory(pooled))
-    }
-
-    /// Allocates `size` bytes and returns the chunk itself, which goes back to the pool when
-    /// dropped. This is the pool's fastest path: no reference-counted pointer is made.
-    ///
-    /// # Errors
-    ///
-    /// As [`SingleDeviceMemoryPool::malloc`].
-    pub fn malloc_pooled(&self, size: usize) -> Result<PooledMemory<B>> {
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+    /// hook's error; [`Error::InvalidRawBlock`] when the raw allocator returns a block that does
+    /// not hold the request; the raw allocator's other errors.
+    #[inline]
+    pub fn malloc(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
+        let mem_size = round_size(size).ok_or(Error::OutOfMemory { size, total: None })?;
         if !hooks::active() {
-            return self.lend(mem_size, false);
+            return self.lend(mem_size, key, cache, false);
         }
-        self.malloc_hooked(size, mem_size)
+        self.malloc_hooked(size, mem_size, key, cache)
     }
 
     #[cold]
-    fn malloc_hooked(&self, size: usize, mem_size: usize) -> Result<PooledMemory<B>> {
+    fn malloc_hooked(
+        &self,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Result<PooledMemory<R>> {
         let device_id = self.shared.device;
         let pre = MallocEvent { device_id, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire("malloc_preprocess", |h| h.malloc_preprocess(&pre))?;
-        let result = self.lend(mem_size, true);
+        let result = self.lend(mem_size, key, cache, true);
         let post = match &result {
             Ok(p) => MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre },
             Err(_) => pre,
@@ -323,20 +257,22 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         result
     }
 
-    /// Lends a chunk of `mem_size` (already rounded) bytes from the current stream's arena.
+    /// Lends a chunk of `mem_size` (already rounded) bytes from arena `key`.
     #[inline]
-    fn lend(&self, mem_size: usize, hooked: bool) -> Result<PooledMemory<B>> {
+    fn lend(
+        &self,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+        hooked: bool,
+    ) -> Result<PooledMemory<R>> {
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
         // The hot path: the arena from this thread's cache, a chunk from its free index, all
         // without touching a reference count.
-        let uid = self.shared.uid;
-        let hit = B::thread_state().with(|ts| {
-            let key = ts.arena_key();
-            let cache = ts.arenas.entries.borrow();
-            let (_, _, arena) = cache.iter().find(|(p, k, _)| *p == uid && *k == key)?;
-            let mut st = arena.state.lock();
+        let hit = cache.with::<Arena<R>, _>(self.shared.uid, key, |arena| {
+            let mut st = arena.get().state.lock();
             if st.retired {
                 return None;
             }
@@ -344,47 +280,50 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             drop(st);
             Some(PooledMemory::lent(arena, lent, mem_size))
         });
-        match hit {
+        match hit.flatten() {
             Some(p) => Ok(p),
-            None => self.lend_slow(mem_size, hooked),
+            None => self.lend_slow(mem_size, key, cache, hooked),
         }
     }
 
     #[cold]
-    fn lend_slow(&self, mem_size: usize, hooked: bool) -> Result<PooledMemory<B>> {
-        let arena = self.current_arena();
+    fn lend_slow(
+        &self,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+        hooked: bool,
+    ) -> Result<PooledMemory<R>> {
+        // Chunks whose fences have completed since the last look may serve this request.
+        self.collect_fenced(false);
+        let arena = self.arena(key, cache);
         {
             let mut st = arena.state.lock();
             if !st.retired {
                 if let Some(lent) = st.take(mem_size) {
                     drop(st);
-                    return Ok(PooledMemory::lent(&arena, lent, mem_size));
+                    return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
                 }
             }
         }
-        self.grow(mem_size, hooked)
+        self.grow(mem_size, key, cache, hooked)
     }
 
-    /// The current stream's arena, from the thread's cache or the pool's map.
-    #[inline]
-    fn current_arena(&self) -> Arc<Arena<B>> {
+    /// The arena `key`, from the thread's cache or the pool's map (a retired arena in the cache is
+    /// replaced by the map's current one).
+    fn arena(&self, key: ArenaKey, cache: &ArenaCache) -> Arc<Arena<R>> {
         let uid = self.shared.uid;
-        B::thread_state()
-            .with(|ts| {
-                let key = ts.arena_key();
-                ts.arenas.get(uid, key).ok_or(key)
-            })
-            .unwrap_or_else(|key| self.arena_slow(key))
-    }
-
-    #[cold]
-    fn arena_slow(&self, key: ArenaKey) -> Arc<Arena<B>> {
+        if let Some(arena) = cache.get::<Arena<R>>(uid, key) {
+            if !arena.state.lock().retired {
+                return arena;
+            }
+        }
         let arena = self.arena_in_map(key);
-        B::thread_state().with(|ts| ts.arenas.put(self.shared.uid, key, Arc::clone(&arena)));
+        cache.put(uid, key, Arc::clone(&arena));
         arena
     }
 
-    fn arena_in_map(&self, key: ArenaKey) -> Arc<Arena<B>> {
+    fn arena_in_map(&self, key: ArenaKey) -> Arc<Arena<R>> {
         let mut arenas = self.arenas.lock();
         Arc::clone(arenas.entry(key).or_insert_with(|| {
             let mut state = ArenaState::new();
@@ -398,53 +337,64 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
     }
 
     /// A cache miss: reserve against the limit, allocate a raw block (with the retry ladder) and
-    /// lend all of it from the current stream's arena.
+    /// lend all of it from arena `key`.
     #[cold]
-    fn grow(&self, mem_size: usize, hooked: bool) -> Result<PooledMemory<B>> {
+    fn grow(
+        &self,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+        hooked: bool,
+    ) -> Result<PooledMemory<R>> {
         match self.growth_policy() {
             GrowthPolicy::CacheUntilOutOfMemory => {}
             GrowthPolicy::ReleaseBeforeGrow => self.free_all_blocks(None),
             GrowthPolicy::HoldPeakInUse => {
-                let in_use = self.used_bytes() + mem_size;
+                // Saturating: a request this large fails below, against the limit or the device.
+                let in_use = self.used_bytes().saturating_add(mem_size);
                 let peak = self.shared.peak_in_use.fetch_max(in_use, Ordering::Relaxed).max(in_use);
-                let excess = (self.total_bytes() + mem_size).saturating_sub(peak);
+                let excess = self.total_bytes().saturating_add(mem_size).saturating_sub(peak);
                 if excess > 0 {
                     self.release_cached(excess);
                 }
             }
         }
-        self.reserve(mem_size)?;
-        let mem = match self.allocate_raw(mem_size, hooked) {
-            Ok(mem) => mem,
-            Err(e) => {
-                self.shared.total_bytes.fetch_sub(mem_size, Ordering::Relaxed);
-                return Err(match e {
-                    Error::OutOfMemory { .. } => {
-                        Error::OutOfMemory { size: mem_size, total: Some(self.total_bytes()) }
-                    }
-                    other => other,
-                });
-            }
-        };
-        let mut mem = Some(mem);
+        let block = self.reserve_and_allocate(mem_size, hooked)?;
+        let mut block = Some(block);
         loop {
-            let arena = self.current_arena();
+            let arena = self.arena(key, cache);
             let mut st = arena.state.lock();
             if st.retired {
                 // Retired by a concurrent `free_all_blocks` since we looked: take the new one.
-                drop(st);
-                let key = B::thread_state().with(|ts| ts.arena_key());
-                let fresh = self.arena_in_map(key);
-                B::thread_state().with(|ts| ts.arenas.put(self.shared.uid, key, fresh));
                 continue;
             }
-            let lent = st.lend_new_block(mem.take().expect("the block is lent once"), mem_size);
+            let Some(block) = block.take() else { unreachable!("the block is lent once") };
+            let lent = st.lend_new_block(block, mem_size);
             drop(st);
-            return Ok(PooledMemory::lent(&arena, lent, mem_size));
+            return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
         }
     }
 
-    /// Reserves `size` bytes against the limit, releasing cached blocks and retrying twice.
+    /// Reserves `size` bytes against the limit and allocates the raw block, undoing the
+    /// reservation on every way out: an error, a hook's error or a hook's panic.
+    fn reserve_and_allocate(&self, size: usize, hooked: bool) -> Result<R::Block> {
+        self.reserve(size)?;
+        let reservation = Reservation { total: &self.shared.total_bytes, size };
+        match self.allocate_raw(size, hooked) {
+            Ok(block) => {
+                std::mem::forget(reservation);
+                Ok(block)
+            }
+            Err(Error::OutOfMemory { .. }) => {
+                drop(reservation);
+                Err(Error::OutOfMemory { size, total: Some(self.total_bytes()) })
+            }
+            Err(other) => Err(other),
+        }
+    }
+
+    /// Reserves `size` bytes against the limit, releasing cached blocks (and waiting for fenced
+    /// chunks) and retrying twice.
     fn reserve(&self, size: usize) -> Result<()> {
         let limit = self.get_limit();
         let exceeded = |pool: &Self| Error::LimitExceeded { size, total: pool.total_bytes(), limit };
@@ -453,21 +403,26 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         }
         for attempt in 0..3 {
             if attempt > 0 {
+                self.collect_fenced(attempt == 2);
                 self.free_all_blocks(None);
             }
             let fits = self.shared.total_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
                 total.checked_add(size).filter(|&t| limit == 0 || t <= limit)
             });
-            if fits.is_ok() {
-                return Ok(());
+            match fits {
+                Ok(_) => return Ok(()),
+                // No limit, and the sum itself overflows: no device has that much memory.
+                Err(total) if limit == 0 => return Err(Error::OutOfMemory { size, total: Some(total) }),
+                Err(_) => {}
             }
         }
         Err(exceeded(self))
     }
 
     /// Asks the raw allocator for `size` bytes: three attempts, releasing every arena's cached
-    /// blocks before the second and the third, with the alloc hooks around each.
-    fn allocate_raw(&self, size: usize, hooked: bool) -> Result<Box<dyn BaseMemory<B>>> {
+    /// blocks before the second and the third (and waiting for fenced chunks before the third),
+    /// with the alloc hooks around each. Every block is checked against the request.
+    fn allocate_raw(&self, size: usize, hooked: bool) -> Result<R::Block> {
         let device_id = self.shared.device;
         let mut attempt = 0;
         loop {
@@ -475,15 +430,20 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             if hooked {
                 hooks::fire("alloc_preprocess", |h| h.alloc_preprocess(&pre))?;
             }
-            let result = self.shared.allocator.allocate(device_id, size);
+            let result = self
+                .shared
+                .allocator
+                .allocate(device_id, size)
+                .and_then(|block| raw::check_block(&block, device_id, size).map(|()| block));
             if hooked {
-                let mem_ptr = result.as_ref().map_or(0, |m| m.ptr());
+                let mem_ptr = result.as_ref().map_or(0, RawBlock::address);
                 // On error the new block (if any) is dropped, i.e. freed: nothing leaks.
                 hooks::fire("alloc_postprocess", |h| h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre }))?;
             }
             match result {
                 Err(e) if e.is_out_of_memory() && attempt < 2 => {
                     attempt += 1;
+                    self.collect_fenced(attempt == 2);
                     self.free_all_blocks(None);
                 }
                 other => return other,
@@ -491,17 +451,38 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         }
     }
 
-    /// Releases the free chunks that are whole raw blocks, in every arena (`None`) or in the
-    /// arena of `stream` (CuPy's `free_all_blocks(stream=None)`). Arenas left with no memory at
-    /// all are dropped from the pool.
-    pub fn free_all_blocks(&self, stream: Option<&Stream<B>>) {
-        let arenas: Vec<(ArenaKey, Arc<Arena<B>>)> = {
+    /// Gives back the fenced chunks whose fences have completed; with `wait`, waits for every
+    /// fence first.
+    fn collect_fenced(&self, wait: bool) {
+        if !self.shared.any_fenced.load(Ordering::Acquire) {
+            return;
+        }
+        let pending = std::mem::take(&mut *self.shared.fenced.lock());
+        let mut kept = Vec::new();
+        for f in pending {
+            if wait {
+                f.fence.wait();
+            }
+            if wait || f.fence.is_complete() {
+                give_back(f.arena, f.slot);
+            } else {
+                kept.push(f);
+            }
+        }
+        let mut fenced = self.shared.fenced.lock();
+        fenced.extend(kept);
+        self.shared.any_fenced.store(!fenced.is_empty(), Ordering::Release);
+    }
+
+    /// Releases the free chunks that are whole raw blocks, in every arena (`None`) or in arena
+    /// `key` (CuPy's `free_all_blocks(stream=None)`). Arenas left with no memory at all are
+    /// dropped from the pool.
+    pub fn free_all_blocks(&self, key: Option<ArenaKey>) {
+        let arenas: Vec<(ArenaKey, Arc<Arena<R>>)> = {
             let map = self.arenas.lock();
-            match stream {
+            match key {
                 None => map.iter().map(|(k, a)| (*k, Arc::clone(a))).collect(),
-                Some(s) => {
-                    map.get(&s.arena_key()).map(|a| (s.arena_key(), Arc::clone(a))).into_iter().collect()
-                }
+                Some(k) => map.get(&k).map(|a| (k, Arc::clone(a))).into_iter().collect(),
             }
         };
         let mut released = Vec::new();
@@ -528,16 +509,10 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         drop(released);
     }
 
-    /// CuPy's deprecated alias of [`free_all_blocks`](Self::free_all_blocks).
-    #[deprecated(note = "free_all_free is deprecated. Use free_all_blocks instead.")]
-    pub fn free_all_free(&self) {
-        self.free_all_blocks(None);
-    }
-
     /// Releases cached whole blocks of any arena, largest first, until at least `bytes` are
     /// released or none is left.
     fn release_cached(&self, bytes: usize) {
-        let arenas: Vec<Arc<Arena<B>>> = self.arenas.lock().values().cloned().collect();
+        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
         let mut candidates: Vec<(usize, u32, usize)> = Vec::new();
         for (i, arena) in arenas.iter().enumerate() {
             let st = arena.state.lock();
@@ -545,7 +520,7 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         }
         candidates.sort_unstable_by(|a, b| b.cmp(a));
         let mut released = Vec::new();
-        let mut done = 0;
+        let mut done = 0usize;
         for (size, slot, i) in candidates {
             if done >= bytes {
                 break;
@@ -553,18 +528,18 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
             if let Some(mem) = arenas[i].state.lock().release_whole(slot, size) {
                 self.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
                 released.push(mem);
-                done += size;
+                done = done.saturating_add(size);
             }
         }
         drop(released);
     }
 
-    fn sum_arenas(&self, f: impl Fn(&ArenaState<B>) -> usize) -> usize {
-        let arenas: Vec<Arc<Arena<B>>> = self.arenas.lock().values().cloned().collect();
+    fn sum_arenas(&self, f: impl Fn(&ArenaState<R::Block>) -> usize) -> usize {
+        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
         arenas.iter().map(|a| f(&a.state.lock())).sum()
     }
 
-    /// Bytes lent out (rounded sizes).
+    /// Bytes lent out (rounded sizes), chunks waiting for a fence included.
     #[must_use]
     pub fn used_bytes(&self) -> usize {
         self.sum_arenas(|st| st.used_bytes)
@@ -588,22 +563,15 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         self.sum_arenas(ArenaState::n_free)
     }
 
-    /// Sets the limit on bytes held from the device (CuPy's `set_limit(size=..)` or
-    /// `set_limit(fraction=..)`); `Limit::Bytes(0)` and `Limit::Fraction(0.0)` mean unlimited.
-    ///
-    /// # Errors
-    ///
-    /// `InvalidArgument` for a fraction out of `0..=1` ("memory limit fraction out of range",
-    /// CuPy's message); the runtime's error when a fraction needs the device's memory size.
-    pub fn set_limit(&self, limit: Limit) -> Result<()> {
-        limit.validate()?;
-        let bytes = match limit {
-            Limit::Bytes(b) => b,
-            Limit::Fraction(0.0) => 0,
-            Limit::Fraction(_) => limit.bytes(B::mem_get_info(self.shared.device)?.total),
-        };
+    /// The number of chunks released behind a fence that has not been seen complete yet.
+    #[must_use]
+    pub fn n_fenced(&self) -> usize {
+        self.shared.fenced.lock().len()
+    }
+
+    /// Sets the limit on bytes held from the device; 0 means unlimited.
+    pub fn set_limit(&self, bytes: usize) {
         self.shared.limit.store(bytes, Ordering::Relaxed);
-        Ok(())
     }
 
     /// The limit in bytes; 0 when unlimited.
@@ -631,15 +599,30 @@ impl<B: Backend> SingleDeviceMemoryPool<B> {
         }
     }
 
-    /// The free chunks of the current stream's arena as `(ptr, size)`, for debugging.
+    /// The free chunks of arena `key` as `(ptr, size)`, for debugging.
     #[must_use]
-    pub fn free_chunks_of_current_stream(&self) -> Vec<(DevicePtr, usize)> {
-        self.current_arena().state.lock().free_chunks()
+    pub fn free_chunks(&self, key: ArenaKey) -> Vec<(DevicePtr, usize)> {
+        self.arenas.lock().get(&key).map(|a| a.state.lock().free_chunks()).unwrap_or_default()
     }
 }
 
-impl<B: Backend> Drop for SingleDeviceMemoryPool<B> {
+/// A reservation against the limit, undone when dropped (an error or a hook's panic between the
+/// reservation and the block's arrival).
+struct Reservation<'a> {
+    total: &'a AtomicUsize,
+    size: usize,
+}
+
+impl Drop for Reservation<'_> {
     fn drop(&mut self) {
+        self.total.fetch_sub(self.size, Ordering::Relaxed);
+    }
+}
+
+impl<R: RawAllocator> Drop for Pool<R> {
+    fn drop(&mut self) {
+        // Fenced chunks are waited for: their blocks go back with the pool.
+        self.collect_fenced(true);
         self.free_all_blocks(None);
         // Arenas with chunks still lent out outlive the pool: each is orphaned and kept alive
         // until its last chunk comes back; meanwhile every chunk that comes back releases its raw
@@ -660,8 +643,8 @@ impl<B: Backend> Drop for SingleDeviceMemoryPool<B> {
 }
 
 /// A chunk lent by a pool; it goes back to the pool when dropped (CuPy's `PooledMemory`).
-pub struct PooledMemory<B: Backend> {
-    arena: Option<ArenaRef<Arena<B>>>,
+pub struct PooledMemory<R: RawAllocator> {
+    arena: Option<ArenaRef<Arena<R>>>,
     slot: u32,
     device: DeviceId,
     ptr: DevicePtr,
@@ -670,15 +653,14 @@ pub struct PooledMemory<B: Backend> {
     empty_id: u64,
 }
 
-impl<B: Backend> PooledMemory<B> {
+impl<R: RawAllocator> PooledMemory<R> {
     /// The chunk `lent` by `arena`, of `size` (rounded) bytes.
     #[inline]
-    fn lent(arena: &Arc<Arena<B>>, lent: Lent, size: usize) -> Self {
-        let device = arena.shared.device;
+    fn lent(arena: &ArenaRef<Arena<R>>, lent: Lent, size: usize) -> Self {
         PooledMemory {
-            arena: Some(ArenaRef::new(arena)),
+            arena: Some(arena.clone_ref()),
             slot: lent.slot,
-            device,
+            device: arena.get().shared.device,
             ptr: lent.ptr,
             size,
             empty_id: 0,
@@ -698,7 +680,8 @@ impl<B: Backend> PooledMemory<B> {
     }
 
     /// Whether this is a real chunk (not a zero-size allocation).
-    fn is_chunk(&self) -> bool {
+    #[must_use]
+    pub fn is_chunk(&self) -> bool {
         self.arena.is_some()
     }
 
@@ -731,7 +714,7 @@ impl<B: Backend> PooledMemory<B> {
     }
 
     /// Returns the chunk to the pool now, reporting a free hook's error (dropping does the same
-    /// and discards the error). The chunk goes back even when a hook fails.
+    /// and records nothing). The chunk goes back even when a hook fails.
     ///
     /// # Errors
     ///
@@ -743,12 +726,29 @@ impl<B: Backend> PooledMemory<B> {
                 give_back(arena, self.slot);
                 Ok(())
             }
-            Some(arena) => self.free_hooked(arena),
+            Some(arena) => self.free_hooked(arena, None),
+        }
+    }
+
+    /// Returns the chunk to the pool behind `fence`: the pool lends it again only once the fence
+    /// has completed. The free hooks fire now, as for [`PooledMemory::free`].
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned (the chunk is released behind the fence anyway).
+    pub fn free_after(mut self, fence: Box<dyn Fence>) -> Result<()> {
+        match self.arena.take() {
+            None => Ok(()),
+            Some(arena) if !hooks::active() => {
+                release_fenced(arena, self.slot, fence);
+                Ok(())
+            }
+            Some(arena) => self.free_hooked(arena, Some(fence)),
         }
     }
 
     #[cold]
-    fn free_hooked(&self, arena: ArenaRef<Arena<B>>) -> Result<()> {
+    fn free_hooked(&self, arena: ArenaRef<Arena<R>>, fence: Option<Box<dyn Fence>>) -> Result<()> {
         let event = FreeEvent {
             device_id: self.device,
             mem_size: self.size,
@@ -756,7 +756,7 @@ impl<B: Backend> PooledMemory<B> {
             pmem_id: pmem_id_of(arena.get(), self.slot),
         };
         // The guard returns the chunk even if a pre-hook fails or panics.
-        let guard = GiveBackOnDrop(Some((arena, self.slot)));
+        let guard = GiveBackOnDrop(Some((arena, self.slot, fence)));
         let pre = hooks::fire("free_preprocess", |h| h.free_preprocess(&event));
         drop(guard);
         let post = hooks::fire("free_postprocess", |h| h.free_postprocess(&event));
@@ -766,24 +766,41 @@ impl<B: Backend> PooledMemory<B> {
 
 /// Arena and slot identify a lent chunk among those lent at one time; the pool's number keeps
 /// two pools' chunks apart. Never 0 (arena numbers start at 1), which hooks read as "failed".
-fn pmem_id_of<B: Backend>(arena: &Arena<B>, slot: u32) -> u64 {
+fn pmem_id_of<R: RawAllocator>(arena: &Arena<R>, slot: u32) -> u64 {
     ((u64::from(arena.uid) << 32) | u64::from(slot)) ^ (arena.shared.uid << 52)
 }
 
-struct GiveBackOnDrop<B: Backend>(Option<(ArenaRef<Arena<B>>, u32)>);
+struct GiveBackOnDrop<R: RawAllocator>(Option<(ArenaRef<Arena<R>>, u32, Option<Box<dyn Fence>>)>);
 
-impl<B: Backend> Drop for GiveBackOnDrop<B> {
+impl<R: RawAllocator> Drop for GiveBackOnDrop<R> {
     fn drop(&mut self) {
-        if let Some((arena, slot)) = self.0.take() {
-            give_back(arena, slot);
+        match self.0.take() {
+            Some((arena, slot, None)) => give_back(arena, slot),
+            Some((arena, slot, Some(fence))) => release_fenced(arena, slot, fence),
+            None => {}
         }
     }
+}
+
+/// Parks a chunk behind a fence; it stays lent (and counted as used) until the pool sees the
+/// fence complete.
+fn release_fenced<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32, fence: Box<dyn Fence>) {
+    if arena.get().state.lock().orphaned {
+        // The pool is gone and nobody would look at the fence again: wait for it here.
+        fence.wait();
+        give_back(arena, slot);
+        return;
+    }
+    let shared = Arc::clone(&arena.get().shared);
+    let mut fenced = shared.fenced.lock();
+    fenced.push(Fenced { arena, slot, fence });
+    shared.any_fenced.store(true, Ordering::Release);
 }
 
 /// Returns a chunk to its arena.
 #[inline]
 #[allow(unsafe_code)] // ending an orphaned arena; see `ArenaRef`
-fn give_back<B: Backend>(arena: ArenaRef<Arena<B>>, slot: u32) {
+fn give_back<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32) {
     let a = arena.get();
     let mut st = a.state.lock();
     let released = st.give_back(slot);
@@ -802,12 +819,15 @@ fn give_back<B: Backend>(arena: ArenaRef<Arena<B>>, slot: u32) {
     }
 }
 
-impl<B: Backend> Drop for PooledMemory<B> {
+impl<R: RawAllocator> Drop for PooledMemory<R> {
     fn drop(&mut self) {
         if let Some(arena) = self.arena.take() {
             if hooks::active() {
-                // A hook's error cannot be reported from `drop`; `free()` reports it.
-                let _ = self.free_hooked(arena);
+                // A hook's error cannot be returned from `drop`; `free()` reports it, and the
+                // hooks' own error slot records it (see `hooks::take_drop_error`).
+                if let Err(e) = self.free_hooked(arena, None) {
+                    hooks::record_drop_error(e);
+                }
             } else {
                 give_back(arena, self.slot);
             }
@@ -815,11 +835,8 @@ impl<B: Backend> Drop for PooledMemory<B> {
     }
 }
 
-impl<B: Backend> fmt::Debug for PooledMemory<B> {
+impl<R: RawAllocator> fmt::Debug for PooledMemory<R> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<PooledMemory 0x{:x} size={} device={}>", self.ptr, self.size, self.device)
     }
 }
-
-#[cfg(test)]
-mod tests;

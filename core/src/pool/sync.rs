@@ -11,11 +11,15 @@
 
 #![allow(unsafe_code)]
 
-use std::cell::UnsafeCell;
+use std::any::Any;
+use std::cell::{RefCell, UnsafeCell};
+use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
+
+use super::ArenaKey;
 
 /// A spin-then-yield lock around `T`.
 pub(crate) struct ArenaLock<T> {
@@ -106,9 +110,18 @@ unsafe impl<T: Sync> Send for ArenaRef<T> {}
 unsafe impl<T: Sync> Sync for ArenaRef<T> {}
 
 impl<T> ArenaRef<T> {
-    /// A pointer to the arena `arc` owns; valid as long as the invariant above holds.
+    /// A pointer to the arena `arc` owns; valid as long as the invariant above holds. Made from
+    /// the `Arc`'s own pointer (not from a shared reference to its contents), so that
+    /// [`ArenaRef::release_kept`] may later give back a strong count through it.
     pub(crate) fn new(arc: &Arc<T>) -> Self {
-        ArenaRef(NonNull::from(&**arc))
+        // `Arc::as_ptr` is never null.
+        ArenaRef(NonNull::new(Arc::as_ptr(arc).cast_mut()).unwrap_or_else(|| unreachable!()))
+    }
+
+    /// Another pointer to the same arena, for a newly lent chunk (the arena counts it under its
+    /// lock, which keeps the invariant).
+    pub(crate) fn clone_ref(&self) -> Self {
+        ArenaRef(self.0)
     }
 
     /// The arena.
@@ -134,5 +147,85 @@ impl<T> ArenaRef<T> {
         // SAFETY: the pointer came from an `Arc<T>` whose count `keep_alive` raised by one; the
         // caller guarantees this is the matching decrement.
         unsafe { Arc::decrement_strong_count(self.0.as_ptr()) }
+    }
+}
+
+/// A pool's arenas as seen by one thread: the last few `(pool, key)` pairs it used. The runtime
+/// keeps one per thread and lends it to every allocation, so a cache hit finds its arena without
+/// a map lookup or a reference count.
+///
+/// Entries are type-erased (one cache serves pools of every raw allocator type): each holds the
+/// arena's `Arc` as `dyn Any` (which keeps it alive) and the same `Arc`'s pointer. Only the pool
+/// whose number an entry carries reads it back, as its own arena type: pool numbers are unique in
+/// the process and a pool has one arena type, which is what makes the cast in [`ArenaCache::with`]
+/// sound.
+pub struct ArenaCache {
+    entries: RefCell<Vec<CacheEntry>>,
+}
+
+struct CacheEntry {
+    pool: u64,
+    key: ArenaKey,
+    arena: NonNull<()>,
+    owner: Arc<dyn Any + Send + Sync>,
+}
+
+const ARENA_CACHE_SIZE: usize = 8;
+
+impl ArenaCache {
+    /// An empty cache. A `const fn`, so a `thread_local!` holding one needs no lazy
+    /// initialisation on the hot path.
+    #[must_use]
+    pub const fn new() -> Self {
+        ArenaCache { entries: RefCell::new(Vec::new()) }
+    }
+
+    /// Applies `f` to pool `pool`'s arena `key` if the cache has it; `None` otherwise (and when
+    /// the cache is busy, which only a re-entrant call from `f` could make it).
+    #[inline]
+    pub(crate) fn with<A: Send + Sync + 'static, T>(
+        &self,
+        pool: u64,
+        key: ArenaKey,
+        f: impl FnOnce(&ArenaRef<A>) -> T,
+    ) -> Option<T> {
+        let entries = self.entries.try_borrow().ok()?;
+        let e = entries.iter().find(|e| e.pool == pool && e.key == key)?;
+        // SAFETY: entries of pool `pool` are put only by that pool, as `Arc<A>` of its one arena
+        // type `A` (see the type's docs), and `e.owner` keeps the arena alive while the entry
+        // exists, which is longer than `f` runs (the entries are borrowed meanwhile).
+        let arena = ArenaRef(e.arena.cast::<A>());
+        Some(f(&arena))
+    }
+
+    /// Pool `pool`'s arena `key`, as a counted reference.
+    pub(crate) fn get<A: Send + Sync + 'static>(&self, pool: u64, key: ArenaKey) -> Option<Arc<A>> {
+        let entries = self.entries.try_borrow().ok()?;
+        let e = entries.iter().find(|e| e.pool == pool && e.key == key)?;
+        Arc::clone(&e.owner).downcast::<A>().ok()
+    }
+
+    /// Remembers pool `pool`'s arena `key`, evicting the least recently added entry when full.
+    pub(crate) fn put<A: Send + Sync + 'static>(&self, pool: u64, key: ArenaKey, arena: Arc<A>) {
+        let Ok(mut entries) = self.entries.try_borrow_mut() else { return };
+        entries.retain(|e| !(e.pool == pool && e.key == key));
+        if entries.len() >= ARENA_CACHE_SIZE {
+            entries.pop();
+        }
+        let ptr = NonNull::new(Arc::as_ptr(&arena).cast_mut().cast::<()>()).unwrap_or_else(|| unreachable!());
+        entries.insert(0, CacheEntry { pool, key, arena: ptr, owner: arena });
+    }
+}
+
+impl Default for ArenaCache {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for ArenaCache {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let n = self.entries.try_borrow().map_or(0, |e| e.len());
+        write!(f, "ArenaCache({n} arenas)")
     }
 }

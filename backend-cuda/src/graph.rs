@@ -1,0 +1,160 @@
+//! Capture and graphs: `cuStreamBeginCapture`, `cuStreamEndCapture`, instantiation, launches.
+
+use std::ffi::c_uint;
+use std::ptr;
+
+use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUstreamCaptureMode, CUstreamCaptureStatus};
+use gpumem_core::{CaptureMode, CaptureStatus, DeviceId, Error, GraphOps, Result};
+
+use crate::device::make_current;
+use crate::result::{self, check, code, BACKEND, SUCCESS};
+use crate::stream::CudaStream;
+use crate::Cuda;
+
+/// An instantiated graph: the captured `CUgraph` and its executable `CUgraphExec`, both owned
+/// and destroyed together by [`Backend::graph_destroy`](gpumem_core::Backend::graph_destroy).
+/// It is the [`Backend::Graph`](gpumem_core::Backend::Graph) of [`Cuda`](crate::Cuda).
+#[derive(Debug)]
+pub struct CudaGraph {
+    graph: CUgraph,
+    exec: CUgraphExec,
+}
+
+// SAFETY: the handles name driver objects that Rust never dereferences. The driver serialises
+// its own use of them; launching and uploading from several threads at once is allowed by CUDA
+// (launches of one executable graph are ordered by the streams they go to), and destroying takes
+// the value by move, so it happens once, after every borrow.
+unsafe impl Send for CudaGraph {}
+// SAFETY: as for `Send`: `&CudaGraph` only allows launches and uploads.
+unsafe impl Sync for CudaGraph {}
+
+impl CudaGraph {
+    /// The captured graph (`CUgraph`), for inspection with the driver (`cuGraphDebugDotPrint`).
+    #[must_use]
+    pub fn graph(&self) -> CUgraph {
+        self.graph
+    }
+
+    /// The executable graph (`CUgraphExec`).
+    #[must_use]
+    pub fn exec(&self) -> CUgraphExec {
+        self.exec
+    }
+}
+
+impl GraphOps for Cuda {
+    /// Starts capturing the stream's work (`cuStreamBeginCapture`) in `mode`.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error (the legacy stream cannot capture, nor can a stream already capturing).
+    unsafe fn begin_capture(dev: DeviceId, stream: CudaStream, mode: CaptureMode) -> Result<()> {
+        make_current(dev)?;
+        let mode = match mode {
+            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+        };
+        // SAFETY: a context is current; the handle is live; `mode` is a variant of the binding's enum.
+        check("cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode) })
+    }
+
+    /// Ends the capture (`cuStreamEndCapture`) and instantiates the graph
+    /// (`cuGraphInstantiateWithFlags` with flags 0, as CuPy does on CUDA 12).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error: not capturing, capture invalidated, unjoined work, or a failed
+    /// instantiation (the captured graph is then destroyed).
+    unsafe fn end_capture(dev: DeviceId, stream: CudaStream) -> Result<CudaGraph> {
+        make_current(dev)?;
+        let mut graph: CUgraph = ptr::null_mut();
+        // SAFETY: a context is current; the handle is live; `graph` is a valid out-pointer.
+        let r = unsafe { sys::cuStreamEndCapture(stream.0, &mut graph) };
+        if code(r) != SUCCESS {
+            if !graph.is_null() {
+                // SAFETY: a graph the driver handed out despite the error is ours to destroy, once.
+                let _ = unsafe { sys::cuGraphDestroy(graph) };
+            }
+            return Err(result::error("cuStreamEndCapture", r));
+        }
+        let mut exec: CUgraphExec = ptr::null_mut();
+        // SAFETY: `graph` is the graph just captured; `exec` is a valid out-pointer; flags 0.
+        let r = unsafe { sys::cuGraphInstantiateWithFlags(&mut exec, graph, 0) };
+        if code(r) != SUCCESS {
+            // SAFETY: the graph is ours and nothing else refers to it; destroyed once.
+            let _ = unsafe { sys::cuGraphDestroy(graph) };
+            return Err(result::error("cuGraphInstantiateWithFlags", r));
+        }
+        Ok(CudaGraph { graph, exec })
+    }
+
+    /// The stream's capture status (`cuStreamIsCapturing`).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error, for instance `CUDA_ERROR_STREAM_CAPTURE_IMPLICIT` for the legacy stream
+    /// while a blocking stream captures.
+    unsafe fn capture_status(dev: DeviceId, stream: CudaStream) -> Result<CaptureStatus> {
+        make_current(dev)?;
+        // The driver writes a C enum (an `unsigned int`): read it as that integer.
+        let mut status: c_uint = 0;
+        // SAFETY: a context is current; the handle is live; `status` has the size and alignment of
+        // the C enum the driver writes.
+        let r = unsafe {
+            sys::cuStreamIsCapturing(stream.0, (&mut status as *mut c_uint).cast::<CUstreamCaptureStatus>())
+        };
+        check("cuStreamIsCapturing", r)?;
+        match status {
+            0 => Ok(CaptureStatus::None),
+            1 => Ok(CaptureStatus::Active),
+            2 => Ok(CaptureStatus::Invalidated),
+            other => Err(Error::backend(
+                BACKEND,
+                "cuStreamIsCapturing",
+                i64::from(other),
+                "CU_STREAM_CAPTURE_STATUS_UNKNOWN",
+                format!("the driver reported capture status {other}, which this backend does not know"),
+            )),
+        }
+    }
+
+    /// Launches the graph on the stream.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn graph_launch(dev: DeviceId, graph: &CudaGraph, stream: CudaStream) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: a context is current; the executable graph is live while borrowed; the stream
+        // handle is live.
+        check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(graph.exec, stream.0) })
+    }
+
+    /// Uploads the graph's resources ahead of its first launch, ordered on the stream.
+    ///
+    /// # Errors
+    ///
+    /// The driver's error.
+    unsafe fn graph_upload(dev: DeviceId, graph: &CudaGraph, stream: CudaStream) -> Result<()> {
+        make_current(dev)?;
+        // SAFETY: as for `graph_launch`.
+        check("cuGraphUpload", unsafe { sys::cuGraphUpload(graph.exec, stream.0) })
+    }
+
+    /// Destroys the executable graph and the graph; launches already queued still run.
+    ///
+    /// # Errors
+    ///
+    /// The first of the driver's errors; both are destroyed regardless.
+    fn graph_destroy(dev: DeviceId, graph: CudaGraph) -> Result<()> {
+        // The handles carry their context: destroy them even if it could not be made current (the
+        // driver is loaded, since the graph exists).
+        let current = make_current(dev).map(drop);
+        // SAFETY: the executable graph is ours, taken by value, destroyed once.
+        let exec = check("cuGraphExecDestroy", unsafe { sys::cuGraphExecDestroy(graph.exec) });
+        // SAFETY: as above, for the graph; the executable form no longer refers to it.
+        let captured = check("cuGraphDestroy", unsafe { sys::cuGraphDestroy(graph.graph) });
+        current.and(exec).and(captured)
+    }
+}

@@ -1,0 +1,55 @@
+//! Capture and graphs: a capturing worker records its operations instead of running them; the
+//! graph replays them in order on every launch.
+
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::hal::{CaptureMode, CaptureStatus, DeviceId, GraphOps};
+
+use super::result::{err, Code};
+use super::worker::{refuse_implicit_capture, Op};
+use super::{enqueue, target, Host, HostStream, Target};
+
+/// A captured graph of host operations.
+#[derive(Clone)]
+pub struct HostGraph(Arc<Vec<Op>>);
+
+impl std::fmt::Debug for HostGraph {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "HostGraph({} operations)", self.0.len())
+    }
+}
+
+impl GraphOps for Host {
+    unsafe fn begin_capture(dev: DeviceId, stream: HostStream, mode: CaptureMode) -> Result<()> {
+        match target("cuStreamBeginCapture", dev, stream)? {
+            Target::Legacy => Err(err("cuStreamBeginCapture", Code::StreamCaptureUnsupported, None)),
+            Target::Worker(w) => w.begin_capture(mode),
+        }
+    }
+    unsafe fn end_capture(dev: DeviceId, stream: HostStream) -> Result<HostGraph> {
+        match target("cuStreamEndCapture", dev, stream)? {
+            Target::Legacy => Err(err("cuStreamEndCapture", Code::IllegalState, None)),
+            Target::Worker(w) => Ok(HostGraph(Arc::new(w.end_capture()?))),
+        }
+    }
+    unsafe fn capture_status(dev: DeviceId, stream: HostStream) -> Result<CaptureStatus> {
+        match target("cuStreamGetCaptureInfo", dev, stream)? {
+            Target::Legacy => {
+                refuse_implicit_capture(dev, "cuStreamGetCaptureInfo").map(|()| CaptureStatus::None)
+            }
+            Target::Worker(w) => Ok(w.capture_status()),
+        }
+    }
+    unsafe fn graph_launch(dev: DeviceId, graph: &HostGraph, stream: HostStream) -> Result<()> {
+        let ops = Arc::clone(&graph.0);
+        enqueue("cuGraphLaunch", dev, stream, Arc::new(move || ops.iter().for_each(|op| op())))
+    }
+    unsafe fn graph_upload(dev: DeviceId, _graph: &HostGraph, stream: HostStream) -> Result<()> {
+        target("cuGraphUpload", dev, stream).map(drop)
+    }
+    fn graph_destroy(_dev: DeviceId, graph: HostGraph) -> Result<()> {
+        drop(graph);
+        Ok(())
+    }
+}

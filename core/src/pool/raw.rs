@@ -1,0 +1,57 @@
+//! What a pool carves up: raw blocks from a raw allocator.
+//!
+//! The pool is generic over the allocator and its block type, so a block is stored as itself
+//! (no box per block) and freed by dropping it. The pool knows a block only by its address, size
+//! and device; what kind of memory it is, and whether touching it is sound, is the business of
+//! the layer that makes pointers from the pool's chunks (the runtime requires its blocks to be
+//! [`BaseMemory`](crate::BaseMemory) of its backend). The pool still checks every block against
+//! the request before lending any of it, so an allocator that returns too little memory, a null
+//! block or memory of another device is an error, never a chunk lent over memory that is not
+//! there.
+
+use crate::error::{Error, Result};
+use crate::hal::types::{DeviceId, DevicePtr};
+
+/// A raw block of memory, freed when dropped.
+pub trait RawBlock: Send + Sync + 'static {
+    /// The block's first address.
+    fn address(&self) -> DevicePtr;
+    /// The block's size in bytes.
+    fn size(&self) -> usize;
+    /// The device the block is on.
+    fn device(&self) -> DeviceId;
+}
+
+/// Allocates the raw blocks a pool carves up. The runtime's default calls the device's
+/// allocator; tests supply fault-injecting or counting allocators, and embedders their own.
+pub trait RawAllocator: Send + Sync + 'static {
+    /// What one allocation returns.
+    type Block: RawBlock;
+
+    /// Allocates `size > 0` bytes on `device`.
+    ///
+    /// # Errors
+    ///
+    /// An out-of-memory error ([`Error::is_out_of_memory`]) makes the pool release its cache and
+    /// retry; any other error goes to the caller as is.
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block>;
+}
+
+/// Checks a block the allocator returned for a request of `size` bytes on `device`.
+pub(crate) fn check_block<K: RawBlock>(block: &K, device: DeviceId, size: usize) -> Result<()> {
+    let (address, got, on) = (block.address(), block.size(), block.device());
+    let fits = address != 0 && got >= size && address.checked_add(got).is_some() && on == device;
+    if fits {
+        Ok(())
+    } else {
+        Err(Error::InvalidRawBlock { requested: size, device, address, size: got, block_device: on })
+    }
+}
+
+impl<R: RawAllocator> RawAllocator for std::sync::Arc<R> {
+    type Block = R::Block;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block> {
+        (**self).allocate(device, size)
+    }
+}

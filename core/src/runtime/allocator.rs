@@ -1,0 +1,120 @@
+//! The current allocator: what [`alloc`] uses (CuPy's `cupy.cuda.alloc`, `set_allocator`,
+//! `using_allocator`, `get_allocator`).
+//!
+//! The process-wide allocator starts as the backend's default memory pool (as `import cupy`
+//! sets it). [`set_allocator`] replaces it; [`using_allocator`] overrides it on the calling thread
+//! until its guard is dropped, and nests.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::runtime::memory::Memory;
+use crate::runtime::pinned::PinnedMemoryPool;
+use crate::runtime::pointer::MemoryPointer;
+use crate::runtime::pools::MemoryPool;
+use crate::runtime::state::Runtime;
+use crate::runtime::state::ThreadBound;
+
+/// Something that hands out device memory: a pool, the plain runtime allocator, or the user's
+/// own. Closures `Fn(usize) -> Result<MemoryPointer<B>>` are allocators.
+pub trait Allocator<B: Runtime>: Send + Sync {
+    /// Allocates `size` bytes on the current device.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's.
+    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>>;
+}
+
+impl<B: Runtime, F> Allocator<B> for F
+where
+    F: Fn(usize) -> Result<MemoryPointer<B>> + Send + Sync,
+{
+    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
+        self(size)
+    }
+}
+
+/// No pool: every allocation is a runtime allocation, freed when its last pointer goes (CuPy's
+/// `_malloc`, what `set_allocator(None)` selects).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlainAllocator;
+
+impl<B: Runtime> Allocator<B> for PlainAllocator {
+    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
+        Ok(MemoryPointer::from_memory(Memory::<B>::new(size)?))
+    }
+}
+
+/// The backend's default memory pool (CuPy's `get_default_memory_pool()`).
+#[must_use]
+pub fn get_default_memory_pool<B: Runtime>() -> Arc<MemoryPool<B>> {
+    Arc::clone(B::globals().memory_pool.get_or_init(|| Arc::new(MemoryPool::new())))
+}
+
+/// The backend's default pinned memory pool (CuPy's `get_default_pinned_memory_pool()`).
+#[must_use]
+pub fn get_default_pinned_memory_pool<B: Runtime>() -> Arc<PinnedMemoryPool<B>> {
+    Arc::clone(B::globals().pinned_pool.get_or_init(|| Arc::new(PinnedMemoryPool::new())))
+}
+
+/// The allocator [`alloc`] uses on this thread: the innermost `using_allocator`, else the
+/// process-wide one.
+#[must_use]
+pub fn get_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
+    if let Some(a) = B::thread_state().with(|ts| ts.allocators.borrow().last().cloned()) {
+        return a;
+    }
+    let globals = B::globals();
+    if let Some(a) = globals.allocator.read().as_ref() {
+        return Arc::clone(a);
+    }
+    get_default_memory_pool::<B>()
+}
+
+/// Allocates `size` bytes on the current device with the current allocator (CuPy's
+/// `cupy.cuda.alloc`).
+///
+/// # Errors
+///
+/// The allocator's.
+pub fn alloc<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
+    get_allocator::<B>().malloc(size)
+}
+
+/// Sets the process-wide allocator; `None` selects [`PlainAllocator`] (no pool), as CuPy's
+/// `set_allocator(None)`.
+///
+/// # Errors
+///
+/// [`Error::AllocatorInUse`] inside a `using_allocator` scope on this thread (CuPy's message).
+pub fn set_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> Result<()> {
+    if B::thread_state().with(|ts| !ts.allocators.borrow().is_empty()) {
+        return Err(Error::AllocatorInUse);
+    }
+    let allocator = allocator.unwrap_or_else(|| Arc::new(PlainAllocator));
+    let globals = B::globals();
+    *globals.allocator.write() = Some(allocator);
+    Ok(())
+}
+
+/// Makes `allocator` (`None`: [`PlainAllocator`]) this thread's allocator until the guard is
+/// dropped (CuPy's `with using_allocator(a):`). Scopes nest.
+#[must_use = "the allocator is restored as soon as the guard is dropped"]
+pub fn using_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> AllocatorGuard<B> {
+    let allocator = allocator.unwrap_or_else(|| Arc::new(PlainAllocator));
+    B::thread_state().with(|ts| ts.allocators.borrow_mut().push(allocator));
+    AllocatorGuard { _not_send: PhantomData }
+}
+
+/// Ends a [`using_allocator`] scope when dropped.
+pub struct AllocatorGuard<B: Runtime> {
+    _not_send: ThreadBound<B>,
+}
+
+impl<B: Runtime> Drop for AllocatorGuard<B> {
+    fn drop(&mut self) {
+        let _ = B::thread_state().try_with(|ts| ts.allocators.borrow_mut().pop());
+    }
+}

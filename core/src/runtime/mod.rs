@@ -1,0 +1,30 @@
+//! The typed layer (layer 3): the only code generic over a backend. It validates every argument
+//! before a backend sees it, keeps the memory that queued work can reach alive, and makes pointers
+//! of the pool's chunks.
+//!
+//! - [`state`]: the per-backend thread and process state ([`Runtime`]).
+//! - [`device`]: devices and the current device.
+//! - [`memory`] and [`pointer`]: memory objects and [`MemoryPointer`]; [`transfer`]: their
+//!   copies and memsets; [`pinned`]: pinned host memory.
+//! - [`pools`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`], the pool of [`crate::pool`] with
+//!   pointers, streams and the runtime's allocator; [`allocator`]: CuPy's current allocator.
+//! - [`stream`]: streams, events, graphs and callbacks, the one tight cluster.
+
+pub mod allocator;
+pub mod device;
+#[allow(unsafe_code)]
+pub mod memory;
+#[allow(unsafe_code)]
+pub mod pinned;
+#[allow(unsafe_code)]
+pub mod pointer;
+pub mod pools;
+pub mod state;
+#[allow(unsafe_code)]
+pub mod stream;
+#[allow(unsafe_code)]
+pub mod transfer;
+
+pub use pointer::MemoryPointer;
+pub use pools::{MemoryPool, SingleDeviceMemoryPool};
+pub use state::Runtime;

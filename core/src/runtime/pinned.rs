@@ -1,0 +1,430 @@
+//! Pinned (page-locked) host memory: what asynchronous host transfers read from and write to.
+//!
+//! [`PinnedMemory`] is one runtime allocation; [`PinnedMemoryPool`] caches them with CuPy's rules
+//! (sizes rounded to 512 bytes and then up to a power of two, exact-size free lists used LIFO, no
+//! splitting, no arenas, no limit, no hooks; one retry after releasing the cache on
+//! out-of-memory). [`PinnedMemoryPointer`] points into either and is what
+//! `MemoryPointer::copy_from_host_async` / `copy_to_host_async` take. The [`EventWatcher`] keeps a
+//! buffer alive until the asynchronous transfers that use it are done, as CuPy's `_EventWatcher`.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::{Arc, Weak};
+
+use parking_lot::Mutex;
+
+use crate::error::{Error, Result};
+use crate::hal::{DeviceId, EventFlags};
+use crate::runtime::device::current_device;
+use crate::runtime::pointer::Offset;
+use crate::runtime::state::{record_drop_error, Runtime};
+use crate::runtime::stream::Event;
+
+/// A block of pinned host memory of backend `B`.
+///
+/// # Safety
+///
+/// Implementors promise that `ptr()..ptr() + size()` is host memory pinned by backend `B`'s
+/// runtime (or, for `size() == 0`, nothing), valid for reads and writes as long as the object
+/// lives, and that the values never change.
+pub unsafe trait PinnedBuffer<B: Runtime>: Send + Sync + fmt::Debug + 'static {
+    /// The start address.
+    fn ptr(&self) -> *mut u8;
+    /// The size in bytes.
+    fn size(&self) -> usize;
+}
+
+/// One pinned host allocation (portable: usable from every device), freed when dropped: CuPy's
+/// `PinnedMemory`.
+pub struct PinnedMemory<B: Runtime> {
+    ptr: *mut u8,
+    size: usize,
+    device: DeviceId,
+    _backend: PhantomData<fn() -> B>,
+}
+
+// SAFETY: the allocation is plain host memory owned by this value; nothing in it is tied to a
+// thread, and all access goes through raw copies whose races are the user's to order (as with
+// device memory).
+unsafe impl<B: Runtime> Send for PinnedMemory<B> {}
+// SAFETY: as for `Send`: `&PinnedMemory` only exposes the address and size.
+unsafe impl<B: Runtime> Sync for PinnedMemory<B> {}
+
+impl<B: Runtime> PinnedMemory<B> {
+    /// Allocates `size` bytes of pinned host memory; 0 allocates nothing (null pointer).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory`; the runtime's error.
+    pub fn new(size: usize) -> Result<Self> {
+        let device = current_device::<B>();
+        let ptr = if size == 0 { std::ptr::null_mut() } else { B::malloc_host(device, size)? };
+        Ok(PinnedMemory { ptr, size, device, _backend: PhantomData })
+    }
+}
+
+impl<B: Runtime> Drop for PinnedMemory<B> {
+    fn drop(&mut self) {
+        if !self.ptr.is_null() {
+            // SAFETY: `ptr` came from `B::malloc_host` and is freed once, here. Transfers using
+            // it hold a reference through the watcher, so none is pending.
+            if let Err(e) = unsafe { B::free_host(self.device, self.ptr) } {
+                record_drop_error::<B>(e);
+            }
+        }
+    }
+}
+
+impl<B: Runtime> fmt::Debug for PinnedMemory<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<PinnedMemory {:p} size={}>", self.ptr, self.size)
+    }
+}
+
+// SAFETY: one live pinned allocation of `B` until `drop`.
+unsafe impl<B: Runtime> PinnedBuffer<B> for PinnedMemory<B> {
+    fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+}
+
+/// A pointer into pinned host memory: CuPy's `PinnedMemoryPointer`. Offsets work as on
+/// [`MemoryPointer`](crate::MemoryPointer) and every access is bounds-checked.
+///
+/// The memory can be the target of asynchronous device-to-host copies, so gpumem gives no `&[u8]`
+/// view of it safely: use [`read`](Self::read) and [`write`](Self::write) (after the stream has
+/// passed the transfer) or the `unsafe` slice views.
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{PinnedMemoryPointer, Stream};
+///
+/// let s = Stream::<Host>::non_blocking()?;
+/// let host = PinnedMemoryPointer::<Host>::alloc(4)?;
+/// host.write(&[1, 2, 3, 4])?;
+/// let dev = gpumem_core::alloc::<Host>(4)?;
+/// dev.copy_from_host_async(&host, 4, Some(&s))?;
+/// dev.copy_to_host_async(&(&host + 0), 4, Some(&s))?;
+/// s.synchronize()?;
+/// let mut out = [0u8; 4];
+/// host.read(&mut out)?;
+/// assert_eq!(out, [1, 2, 3, 4]);
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
+pub struct PinnedMemoryPointer<B: Runtime> {
+    mem: Arc<dyn PinnedBuffer<B>>,
+    offset: Offset,
+}
+
+impl<B: Runtime> Clone for PinnedMemoryPointer<B> {
+    fn clone(&self) -> Self {
+        PinnedMemoryPointer { mem: Arc::clone(&self.mem), offset: self.offset }
+    }
+}
+
+impl<B: Runtime> fmt::Debug for PinnedMemoryPointer<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<PinnedMemoryPointer {:p} mem={:?}>", self.ptr(), self.mem)
+    }
+}
+
+impl<B: Runtime> PinnedMemoryPointer<B> {
+    /// A pointer to the start of `mem`.
+    pub fn from_buffer(mem: Arc<dyn PinnedBuffer<B>>) -> Self {
+        PinnedMemoryPointer { mem, offset: Offset::ZERO }
+    }
+
+    /// Allocates `size` bytes of pinned memory without a pool (CuPy's `_malloc` for pinned
+    /// memory).
+    ///
+    /// # Errors
+    ///
+    /// As [`PinnedMemory::new`].
+    pub fn alloc(size: usize) -> Result<Self> {
+        Ok(Self::from_buffer(Arc::new(PinnedMemory::<B>::new(size)?)))
+    }
+
+    /// The address this pointer points to.
+    #[must_use]
+    pub fn ptr(&self) -> *mut u8 {
+        self.offset.address(self.mem.ptr() as usize) as *mut u8
+    }
+
+    /// Bytes from this pointer to the end of its memory (CuPy's `size()`); 0 outside it.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.offset.remaining(self.mem.size())
+    }
+
+    /// The offset from the start of the memory.
+    #[must_use]
+    pub fn offset(&self) -> isize {
+        self.offset.saturated()
+    }
+
+    pub(crate) fn buffer(&self) -> Arc<dyn PinnedBuffer<B>> {
+        Arc::clone(&self.mem)
+    }
+
+    /// The address of `len` bytes from this pointer, if they lie within the memory.
+    pub(crate) fn check(&self, len: usize, operation: &'static str) -> Result<usize> {
+        self.offset.check(self.mem.ptr() as usize, self.mem.size(), len, operation)
+    }
+
+    /// Copies `data` into the memory at this pointer. Call it only when no asynchronous transfer
+    /// that uses these bytes is in flight (their contents would be unspecified).
+    ///
+    /// # Errors
+    ///
+    /// `OutOfBounds` when `data` does not fit.
+    pub fn write(&self, data: &[u8]) -> Result<()> {
+        let dst = self.check(data.len(), "pinned write")? as *mut u8;
+        if !data.is_empty() {
+            // SAFETY: `dst..dst+len` was checked to lie in the live pinned allocation, which
+            // `data` (a Rust borrow) cannot overlap.
+            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes from the memory at this pointer into `out`. Call it once the
+    /// stream has passed any transfer that writes these bytes.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfBounds` when `out` is longer than the memory left.
+    pub fn read(&self, out: &mut [u8]) -> Result<()> {
+        let src = self.check(out.len(), "pinned read")? as *const u8;
+        if !out.is_empty() {
+            // SAFETY: as in `write`, in the other direction.
+            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        }
+        Ok(())
+    }
+
+    /// The memory from this pointer to its end, as a slice.
+    ///
+    /// # Safety
+    ///
+    /// No transfer writes these bytes while the slice lives.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfBounds` when the pointer is outside its memory.
+    pub unsafe fn as_slice(&self) -> Result<&[u8]> {
+        let len = self.size();
+        let p = self.check(len, "pinned slice")? as *const u8;
+        if len == 0 {
+            return Ok(&[]);
+        }
+        // SAFETY: the range lies in the live allocation; no writer, by the caller's promise.
+        Ok(unsafe { std::slice::from_raw_parts(p, len) })
+    }
+
+    /// The memory from this pointer to its end, as a mutable slice.
+    ///
+    /// # Safety
+    ///
+    /// No transfer reads or writes these bytes, and no other view of them exists, while the
+    /// slice lives.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfBounds` when the pointer is outside its memory.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn as_mut_slice(&self) -> Result<&mut [u8]> {
+        let len = self.size();
+        let p = self.check(len, "pinned slice")? as *mut u8;
+        if len == 0 {
+            return Ok(&mut []);
+        }
+        // SAFETY: the range lies in the live allocation; exclusive, by the caller's promise.
+        Ok(unsafe { std::slice::from_raw_parts_mut(p, len) })
+    }
+}
+
+crate::runtime::pointer::pointer_arithmetic!(PinnedMemoryPointer);
+
+/// Allocates raw pinned memory for a [`PinnedMemoryPool`]. The default calls the runtime; tests
+/// and embedders supply their own.
+pub trait PinnedAllocator<B: Runtime>: Send + Sync {
+    /// Allocates `size > 0` bytes.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory` makes the pool release its cache and retry once; other errors propagate.
+    fn allocate(&self, size: usize) -> Result<Box<dyn PinnedBuffer<B>>>;
+}
+
+/// The runtime's pinned allocator ([`PinnedMemory::new`]).
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RuntimePinnedAllocator;
+
+impl<B: Runtime> PinnedAllocator<B> for RuntimePinnedAllocator {
+    fn allocate(&self, size: usize) -> Result<Box<dyn PinnedBuffer<B>>> {
+        Ok(Box::new(PinnedMemory::<B>::new(size)?))
+    }
+}
+
+type FreeLists<B> = HashMap<usize, Vec<Box<dyn PinnedBuffer<B>>>>;
+
+/// A cache of pinned host buffers: CuPy's `PinnedMemoryPool`.
+pub struct PinnedMemoryPool<B: Runtime> {
+    allocator: Box<dyn PinnedAllocator<B>>,
+    free: Arc<Mutex<FreeLists<B>>>,
+}
+
+impl<B: Runtime> fmt::Debug for PinnedMemoryPool<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PinnedMemoryPool").field("n_free_blocks", &self.n_free_blocks()).finish()
+    }
+}
+
+impl<B: Runtime> Default for PinnedMemoryPool<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A buffer lent by a [`PinnedMemoryPool`]; it goes back to the pool's free list when dropped
+/// (or is freed, if the pool is gone).
+struct PooledPinnedMemory<B: Runtime> {
+    buffer: Option<Box<dyn PinnedBuffer<B>>>,
+    pool: Weak<Mutex<FreeLists<B>>>,
+}
+
+impl<B: Runtime> fmt::Debug for PooledPinnedMemory<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "<PooledPinnedMemory {:p} size={}>", self.ptr(), self.size())
+    }
+}
+
+impl<B: Runtime> Drop for PooledPinnedMemory<B> {
+    fn drop(&mut self) {
+        if let (Some(buffer), Some(pool)) = (self.buffer.take(), self.pool.upgrade()) {
+            pool.lock().entry(buffer.size()).or_default().push(buffer);
+        }
+    }
+}
+
+// SAFETY: forwards to the pool's buffer, which this value owns until `drop`.
+unsafe impl<B: Runtime> PinnedBuffer<B> for PooledPinnedMemory<B> {
+    fn ptr(&self) -> *mut u8 {
+        self.buffer.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr())
+    }
+    fn size(&self) -> usize {
+        self.buffer.as_ref().map_or(0, |b| b.size())
+    }
+}
+
+impl<B: Runtime> PinnedMemoryPool<B> {
+    /// A pool on the runtime's pinned allocator.
+    #[must_use]
+    pub fn new() -> Self {
+        Self::with_allocator(Box::new(RuntimePinnedAllocator))
+    }
+
+    /// A pool on the given allocator.
+    #[must_use]
+    pub fn with_allocator(allocator: Box<dyn PinnedAllocator<B>>) -> Self {
+        PinnedMemoryPool { allocator, free: Arc::new(Mutex::new(HashMap::new())) }
+    }
+
+    /// The size the pool allocates for a request: rounded to 512 bytes, then up to a power of two
+    /// (CuPy's `clp2`; 1000 and 1024 both take 1024 bytes). `None` when that overflows.
+    #[must_use]
+    pub fn rounded_size(size: usize) -> Option<usize> {
+        size.checked_add(511).map(|s| s / 512 * 512).and_then(usize::checked_next_power_of_two)
+    }
+
+    /// Lends a buffer of at least `size` bytes. Size 0 gives an empty, unpooled buffer.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfMemory` when the runtime cannot pin the memory even after the cache was released;
+    /// the allocator's other errors.
+    pub fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        B::globals().watcher.check_and_release();
+        if size == 0 {
+            return PinnedMemoryPointer::alloc(0);
+        }
+        let rounded = Self::rounded_size(size).ok_or(Error::OutOfMemory { size, total: None })?;
+        let cached = self.free.lock().get_mut(&rounded).and_then(Vec::pop);
+        let buffer = match cached {
+            Some(b) => b,
+            None => match self.allocator.allocate(rounded) {
+                Err(e) if e.is_out_of_memory() => {
+                    self.free_all_blocks();
+                    self.allocator.allocate(rounded)?
+                }
+                other => other?,
+            },
+        };
+        let pooled = PooledPinnedMemory { buffer: Some(buffer), pool: Arc::downgrade(&self.free) };
+        Ok(PinnedMemoryPointer::from_buffer(Arc::new(pooled)))
+    }
+
+    /// Frees every cached buffer (buffers still lent out are unaffected).
+    pub fn free_all_blocks(&self) {
+        B::globals().watcher.check_and_release();
+        let released = std::mem::take(&mut *self.free.lock());
+        drop(released);
+    }
+
+    /// The number of cached buffers.
+    #[must_use]
+    pub fn n_free_blocks(&self) -> usize {
+        self.free.lock().values().map(Vec::len).sum()
+    }
+}
+
+type Watched<B> = (Event<B>, Arc<dyn PinnedBuffer<B>>);
+
+/// Keeps pinned buffers alive until the asynchronous transfers that use them are done.
+pub(crate) struct EventWatcher<B: Runtime> {
+    entries: Mutex<VecDeque<Watched<B>>>,
+}
+
+impl<B: Runtime> EventWatcher<B> {
+    pub(crate) fn new() -> Self {
+        EventWatcher { entries: Mutex::new(VecDeque::new()) }
+    }
+
+    /// Holds `buffer` until the stream has passed the work queued on it so far.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is live for this call.
+    pub(crate) unsafe fn keep(
+        &self,
+        dev: DeviceId,
+        stream: B::Stream,
+        buffer: Arc<dyn PinnedBuffer<B>>,
+    ) -> Result<()> {
+        self.check_and_release();
+        let event =
+            Event::<B>::with_flags_on(dev, EventFlags { disable_timing: true, ..EventFlags::default() })?;
+        // SAFETY: the caller keeps `stream` live for this call.
+        unsafe { B::event_record(dev, event.raw(), stream) }?;
+        self.entries.lock().push_back((event, buffer));
+        Ok(())
+    }
+
+    /// Releases, oldest first, the buffers whose transfers are done; stops at the first that is
+    /// not (CuPy's `check_and_release`).
+    pub(crate) fn check_and_release(&self) {
+        let mut released = Vec::new();
+        {
+            let mut entries = self.entries.lock();
+            while entries.front().is_some_and(|(e, _)| e.done()) {
+                released.extend(entries.pop_front());
+            }
+        }
+        // Dropped outside the lock: a buffer may go back to a pool, which takes its own lock.
+        drop(released);
+    }
+}

@@ -1,0 +1,253 @@
+//! Pointers into memory: [`MemoryPointer`] (device memory) and the offset arithmetic it shares
+//! with [`PinnedMemoryPointer`](crate::PinnedMemoryPointer).
+//!
+//! A pointer is a memory object and an offset. Arithmetic (`p + n`, `n + p`, `p - n`, `p += n`,
+//! `p -= n`) never fails and is exact: the offset is kept as a 128-bit integer, so it neither wraps
+//! nor saturates (CuPy's offsets are Python integers). Every operation that touches memory checks
+//! the offset and the byte count against the memory's size: out of range is
+//! [`Error::OutOfBounds`], and nothing is touched.
+
+use std::fmt;
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::hal::{DeviceId, DevicePtr};
+use crate::runtime::device::Device;
+use crate::runtime::memory::BaseMemory;
+use crate::runtime::state::Runtime;
+
+/// An exact byte offset from the start of a memory object.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Offset(i128);
+
+impl Offset {
+    pub(crate) const ZERO: Offset = Offset(0);
+
+    pub(crate) fn new(n: isize) -> Self {
+        Offset(n as i128)
+    }
+
+    /// `self + n`; a 128-bit sum of 64-bit steps cannot overflow in any program's lifetime, and
+    /// saturates at the far end of `i128` if it ever did.
+    pub(crate) fn add(self, n: isize) -> Self {
+        Offset(self.0.saturating_add(n as i128))
+    }
+
+    pub(crate) fn sub(self, n: isize) -> Self {
+        Offset(self.0.saturating_sub(n as i128))
+    }
+
+    pub(crate) fn saturated(self) -> isize {
+        isize::try_from(self.0).unwrap_or(if self.0 < 0 { isize::MIN } else { isize::MAX })
+    }
+
+    /// The address `self` bytes from `base` (for display and as CuPy's `ptr`; memory is only
+    /// touched through [`Offset::check`]).
+    pub(crate) fn address(self, base: usize) -> usize {
+        base.wrapping_add(self.0 as usize)
+    }
+
+    /// Bytes from this offset to the end of a `size`-byte memory; 0 outside it.
+    pub(crate) fn remaining(self, size: usize) -> usize {
+        usize::try_from(self.0).map_or(0, |off| size.saturating_sub(off))
+    }
+
+    /// The address of `len` bytes at this offset of the `size`-byte memory at `base`, if they lie
+    /// within it.
+    pub(crate) fn check(
+        self,
+        base: usize,
+        size: usize,
+        len: usize,
+        operation: &'static str,
+    ) -> Result<usize> {
+        match usize::try_from(self.0) {
+            Ok(off) if off.checked_add(len).is_some_and(|end| end <= size) => Ok(base + off),
+            _ => Err(Error::OutOfBounds { operation, offset: self.saturated(), len, size }),
+        }
+    }
+}
+
+/// `Add`, `Sub`, `AddAssign`, `SubAssign` with `isize` (and `isize + pointer`) for a pointer type
+/// with fields `mem` (an `Arc`) and `offset` ([`Offset`]).
+macro_rules! pointer_arithmetic {
+    ($ptr:ident) => {
+        impl<B: Runtime> std::ops::Add<isize> for &$ptr<B> {
+            type Output = $ptr<B>;
+            fn add(self, n: isize) -> $ptr<B> {
+                $ptr { mem: std::sync::Arc::clone(&self.mem), offset: self.offset.add(n) }
+            }
+        }
+
+        impl<B: Runtime> std::ops::Add<isize> for $ptr<B> {
+            type Output = $ptr<B>;
+            fn add(mut self, n: isize) -> $ptr<B> {
+                self.offset = self.offset.add(n);
+                self
+            }
+        }
+
+        impl<B: Runtime> std::ops::Add<&$ptr<B>> for isize {
+            type Output = $ptr<B>;
+            fn add(self, p: &$ptr<B>) -> $ptr<B> {
+                p + self
+            }
+        }
+
+        impl<B: Runtime> std::ops::Add<$ptr<B>> for isize {
+            type Output = $ptr<B>;
+            fn add(self, p: $ptr<B>) -> $ptr<B> {
+                p + self
+            }
+        }
+
+        impl<B: Runtime> std::ops::Sub<isize> for &$ptr<B> {
+            type Output = $ptr<B>;
+            fn sub(self, n: isize) -> $ptr<B> {
+                $ptr { mem: std::sync::Arc::clone(&self.mem), offset: self.offset.sub(n) }
+            }
+        }
+
+        impl<B: Runtime> std::ops::Sub<isize> for $ptr<B> {
+            type Output = $ptr<B>;
+            fn sub(mut self, n: isize) -> $ptr<B> {
+                self.offset = self.offset.sub(n);
+                self
+            }
+        }
+
+        impl<B: Runtime> std::ops::AddAssign<isize> for $ptr<B> {
+            fn add_assign(&mut self, n: isize) {
+                self.offset = self.offset.add(n);
+            }
+        }
+
+        impl<B: Runtime> std::ops::SubAssign<isize> for $ptr<B> {
+            fn sub_assign(&mut self, n: isize) {
+                self.offset = self.offset.sub(n);
+            }
+        }
+    };
+}
+pub(crate) use pointer_arithmetic;
+
+pointer_arithmetic!(MemoryPointer);
+
+/// A pointer into device memory: CuPy's `MemoryPointer`. It keeps its memory alive; clones share
+/// the memory.
+///
+/// Offset arithmetic (`p + n`, `n + p`, `p - n`, `p += n`, `p -= n`) is free to step outside the
+/// memory, as in CuPy, but every operation that touches memory checks the pointer's offset and
+/// the byte count against the memory's size and refuses out-of-range work with
+/// [`Error::OutOfBounds`]. Unlike CuPy's cdef class, `p += n` changes only `p`, not other clones
+/// (Rust values are not shared references). Offsets are exact, as Python's integers: `(p + isize::MAX
+/// + 10) - isize::MAX` is `p + 10`.
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{Error, Memory, MemoryPointer};
+///
+/// let p = MemoryPointer::<Host>::from_memory(Memory::new(64)?);
+/// p.memset(0, 64)?;
+/// (&p + 60).copy_from_host(&[1, 2, 3, 4], 4)?;
+/// let mut back = [0u8; 8];
+/// (&p + 56).copy_to_host(&mut back, 8)?;
+/// assert_eq!(back, [0, 0, 0, 0, 1, 2, 3, 4]);
+/// // Four bytes from offset 62 would end past the allocation: refused, nothing written.
+/// assert!(matches!((&p + 62).memset(9, 4), Err(Error::OutOfBounds { .. })));
+/// # Ok::<(), Error>(())
+/// ```
+pub struct MemoryPointer<B: Runtime> {
+    mem: Arc<dyn BaseMemory<B>>,
+    offset: Offset,
+}
+
+impl<B: Runtime> Clone for MemoryPointer<B> {
+    fn clone(&self) -> Self {
+        MemoryPointer { mem: Arc::clone(&self.mem), offset: self.offset }
+    }
+}
+
+impl<B: Runtime> fmt::Debug for MemoryPointer<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // CuPy's repr: <MemoryPointer 0x... device=0 mem=...>
+        write!(f, "<MemoryPointer 0x{:x} device={} mem={:?}>", self.ptr(), self.device_id(), self.mem)
+    }
+}
+
+impl<B: Runtime> MemoryPointer<B> {
+    /// A pointer `offset` bytes into `mem`.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfBounds` unless `0 <= offset <= mem.size()` (CuPy only asserts against null
+    /// memory).
+    pub fn new(mem: Arc<dyn BaseMemory<B>>, offset: isize) -> Result<Self> {
+        let p = MemoryPointer { mem, offset: Offset::new(offset) };
+        p.check(0, "MemoryPointer offset")?;
+        Ok(p)
+    }
+
+    /// A pointer to the start of `mem`.
+    pub fn from_memory(mem: impl BaseMemory<B>) -> Self {
+        MemoryPointer { mem: Arc::new(mem), offset: Offset::ZERO }
+    }
+
+    /// A pointer to the start of shared memory.
+    pub fn from_arc(mem: Arc<dyn BaseMemory<B>>) -> Self {
+        MemoryPointer { mem, offset: Offset::ZERO }
+    }
+
+    /// The address this pointer points to (CuPy's `ptr`).
+    #[must_use]
+    pub fn ptr(&self) -> DevicePtr {
+        self.offset.address(self.mem.ptr())
+    }
+
+    /// The offset from the start of the memory (saturated to `isize`'s range when pointer
+    /// arithmetic took it further; the pointer itself keeps the exact value).
+    #[must_use]
+    pub fn offset(&self) -> isize {
+        self.offset.saturated()
+    }
+
+    /// The memory this pointer points into (CuPy's `mem`).
+    #[must_use]
+    pub fn mem(&self) -> &Arc<dyn BaseMemory<B>> {
+        &self.mem
+    }
+
+    /// The device of the memory.
+    #[must_use]
+    pub fn device_id(&self) -> DeviceId {
+        self.mem.device_id()
+    }
+
+    /// The device of the memory, as a [`Device`].
+    #[must_use]
+    pub fn device(&self) -> Device<B> {
+        Device::new(self.device_id())
+    }
+
+    /// Bytes from this pointer to the end of its memory; 0 when the pointer is outside it.
+    #[must_use]
+    pub fn size(&self) -> usize {
+        self.offset.remaining(self.mem.size())
+    }
+
+    /// `self + n`, or an error when the result would be outside the memory.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfBounds` unless the new offset is within `0..=size` of the memory.
+    pub fn checked_add(&self, n: isize) -> Result<Self> {
+        let p = MemoryPointer { mem: Arc::clone(&self.mem), offset: self.offset.add(n) };
+        p.check(0, "MemoryPointer offset")?;
+        Ok(p)
+    }
+
+    /// The address of `len` bytes from this pointer, if they lie within the memory.
+    pub(crate) fn check(&self, len: usize, operation: &'static str) -> Result<DevicePtr> {
+        self.offset.check(self.mem.ptr(), self.mem.size(), len, operation)
+    }
+}

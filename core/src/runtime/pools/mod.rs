@@ -1,0 +1,280 @@
+//! The typed pools: CuPy's `SingleDeviceMemoryPool` and `MemoryPool`, the pool data structure of
+//! [`crate::pool`] with the runtime's allocator, pointers, the current stream's arena and limits
+//! in the user's terms.
+
+mod multi;
+#[cfg(test)]
+mod tests;
+
+use std::fmt;
+use std::marker::PhantomData;
+
+use crate::error::Result;
+use crate::hal::{DeviceId, DevicePtr};
+use crate::pool::{ArenaCache, ArenaKey, GrowthPolicy, Limit, Pool, PooledMemory, RawAllocator};
+use crate::runtime::memory::{BaseMemory, Memory};
+use crate::runtime::pointer::MemoryPointer;
+use crate::runtime::state::Runtime;
+use crate::runtime::stream::Stream;
+
+pub use multi::MemoryPool;
+
+/// The runtime's device allocator: each raw block is a [`Memory`] (`cuMemAlloc`).
+pub struct DeviceAllocator<B: Runtime>(PhantomData<fn() -> B>);
+
+impl<B: Runtime> DeviceAllocator<B> {
+    /// The allocator.
+    #[must_use]
+    pub const fn new() -> Self {
+        DeviceAllocator(PhantomData)
+    }
+}
+
+impl<B: Runtime> Default for DeviceAllocator<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<B: Runtime> Clone for DeviceAllocator<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Runtime> Copy for DeviceAllocator<B> {}
+
+impl<B: Runtime> fmt::Debug for DeviceAllocator<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "DeviceAllocator<{}>", B::NAME)
+    }
+}
+
+impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
+    type Block = Memory<B>;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<Memory<B>> {
+        Memory::new_on(device, size)
+    }
+}
+
+/// A raw allocator made of a function returning boxed memory objects, for allocators whose
+/// blocks are of several kinds. Each block costs a box; [`RawAllocator`] with a block type of its
+/// own does not.
+pub struct FnAllocator<F>(pub F);
+
+impl<B: Runtime, F> RawAllocator for FnAllocator<F>
+where
+    F: Fn(DeviceId, usize) -> Result<Box<dyn BaseMemory<B>>> + Send + Sync + 'static,
+{
+    type Block = Box<dyn BaseMemory<B>>;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block> {
+        (self.0)(device, size)
+    }
+}
+
+/// A pool for one device: CuPy's `SingleDeviceMemoryPool`. See [`crate::pool`] for its rules.
+///
+/// `A` is the raw allocator, the device's own by default. Its blocks must be device memory of
+/// `B` ([`BaseMemory<B>`]), which is what lets the pool's chunks become [`MemoryPointer`]s.
+///
+/// ```
+/// use gpumem_core::host::Host;
+/// use gpumem_core::{Limit, SingleDeviceMemoryPool};
+///
+/// let pool = SingleDeviceMemoryPool::<Host>::new(0)?;
+/// let a = pool.malloc(1000)?; // 1024 bytes
+/// let b = pool.malloc(2048)?;
+/// assert_eq!((pool.used_bytes(), pool.total_bytes()), (3072, 3072));
+/// drop(b);
+/// assert_eq!((pool.free_bytes(), pool.n_free_blocks()), (2048, 1));
+/// pool.set_limit(Limit::Bytes(4096))?;
+/// // Before giving up, the pool released its cached 2048-byte block and retried.
+/// assert_eq!(
+///     pool.malloc(4096).unwrap_err().to_string(),
+///     "Out of memory allocating 4,096 bytes (allocated so far: 1,024 bytes, limit set to: 4,096 bytes)."
+/// );
+/// drop(a);
+/// pool.free_all_blocks(None);
+/// assert_eq!(pool.total_bytes(), 0);
+/// # Ok::<(), gpumem_core::Error>(())
+/// ```
+pub struct SingleDeviceMemoryPool<B: Runtime, A: RawAllocator = DeviceAllocator<B>> {
+    pool: Pool<A>,
+    _backend: PhantomData<fn() -> B>,
+}
+
+impl<B: Runtime, A: RawAllocator> fmt::Debug for SingleDeviceMemoryPool<B, A>
+where
+    A::Block: BaseMemory<B>,
+{
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SingleDeviceMemoryPool")
+            .field("device", &self.pool.device_id())
+            .field("used_bytes", &self.used_bytes())
+            .field("total_bytes", &self.total_bytes())
+            .field("limit", &self.get_limit())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<B: Runtime> SingleDeviceMemoryPool<B> {
+    /// A pool for `device` on the runtime's allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
+    /// is set.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidEnvironment` when the variable cannot be parsed; the runtime's error when a fraction
+    /// needs the device's memory size.
+    pub fn new(device: DeviceId) -> Result<Self> {
+        Self::with_allocator(device, DeviceAllocator::new())
+    }
+}
+
+impl<B: Runtime, A: RawAllocator> SingleDeviceMemoryPool<B, A>
+where
+    A::Block: BaseMemory<B>,
+{
+    /// A pool for `device` on the given raw allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
+    /// is set.
+    ///
+    /// # Errors
+    ///
+    /// As [`SingleDeviceMemoryPool::new`].
+    pub fn with_allocator(device: DeviceId, allocator: A) -> Result<Self> {
+        let pool = SingleDeviceMemoryPool { pool: Pool::new(device, allocator), _backend: PhantomData };
+        if let Some(limit) = Limit::from_env()? {
+            pool.set_limit(limit)?;
+        }
+        Ok(pool)
+    }
+
+    /// The pool data structure underneath.
+    #[must_use]
+    pub fn pool(&self) -> &Pool<A> {
+        &self.pool
+    }
+
+    /// The device this pool allocates on.
+    #[must_use]
+    pub fn device_id(&self) -> DeviceId {
+        self.pool.device_id()
+    }
+
+    /// Allocates `size` bytes from the current stream's arena and returns a [`MemoryPointer`] to
+    /// them (CuPy's `malloc`). Size 0 gives a pointer to an empty, unpooled [`Memory`], as in
+    /// CuPy.
+    ///
+    /// # Errors
+    ///
+    /// `LimitExceeded` or `OutOfMemory` (CuPy's messages) once the retries are exhausted; a
+    /// hook's error; the raw allocator's other errors.
+    pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
+        let pooled = self.malloc_pooled(size)?;
+        if !pooled.is_chunk() {
+            return Ok(MemoryPointer::from_memory(Memory::<B>::new_on(self.device_id(), 0)?));
+        }
+        Ok(MemoryPointer::from_memory(pooled))
+    }
+
+    /// Allocates `size` bytes and returns the chunk itself, which goes back to the pool when
+    /// dropped. This is the pool's fastest path: no reference-counted pointer is made.
+    ///
+    /// # Errors
+    ///
+    /// As [`SingleDeviceMemoryPool::malloc`].
+    #[inline]
+    pub fn malloc_pooled(&self, size: usize) -> Result<PooledMemory<A>> {
+        let hit = B::thread_state().try_with(|ts| self.pool.malloc(size, ts.arena_key(), &ts.arenas));
+        match hit {
+            Ok(result) => result,
+            Err(_) => self.malloc_at_thread_exit(size),
+        }
+    }
+
+    /// An allocation while this thread's state is being torn down: the default stream's arena,
+    /// without the thread's cache.
+    #[cold]
+    fn malloc_at_thread_exit(&self, size: usize) -> Result<PooledMemory<A>> {
+        self.pool.malloc(size, crate::runtime::state::default_arena_key(), &ArenaCache::new())
+    }
+
+    /// Releases the free chunks that are whole raw blocks, in every arena (`None`) or in the
+    /// arena of `stream` (CuPy's `free_all_blocks(stream=None)`).
+    pub fn free_all_blocks(&self, stream: Option<&Stream<B>>) {
+        self.pool.free_all_blocks(stream.map(Stream::arena_key));
+    }
+
+    /// CuPy's deprecated alias of [`free_all_blocks`](Self::free_all_blocks).
+    #[deprecated(note = "free_all_free is deprecated. Use free_all_blocks instead.")]
+    pub fn free_all_free(&self) {
+        self.free_all_blocks(None);
+    }
+
+    /// Bytes lent out (rounded sizes).
+    #[must_use]
+    pub fn used_bytes(&self) -> usize {
+        self.pool.used_bytes()
+    }
+
+    /// Bytes cached and free: `total_bytes() - used_bytes()`, as CuPy 14.1+.
+    #[must_use]
+    pub fn free_bytes(&self) -> usize {
+        self.pool.free_bytes()
+    }
+
+    /// Bytes held from the raw allocator.
+    #[must_use]
+    pub fn total_bytes(&self) -> usize {
+        self.pool.total_bytes()
+    }
+
+    /// The number of free chunks in all arenas (split remainders counted separately).
+    #[must_use]
+    pub fn n_free_blocks(&self) -> usize {
+        self.pool.n_free_blocks()
+    }
+
+    /// Sets the limit on bytes held from the device (CuPy's `set_limit(size=..)` or
+    /// `set_limit(fraction=..)`); `Limit::Bytes(0)` and `Limit::Fraction(0.0)` mean unlimited.
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` for a fraction out of `0..=1` ("memory limit fraction out of range",
+    /// CuPy's message); the runtime's error when a fraction needs the device's memory size.
+    pub fn set_limit(&self, limit: Limit) -> Result<()> {
+        limit.validate()?;
+        let bytes = match limit {
+            Limit::Bytes(b) => b,
+            Limit::Fraction(f) if f == 0.0 => 0,
+            Limit::Fraction(_) => limit.bytes(B::mem_get_info(self.device_id())?.total),
+        };
+        self.pool.set_limit(bytes);
+        Ok(())
+    }
+
+    /// The limit in bytes; 0 when unlimited.
+    #[must_use]
+    pub fn get_limit(&self) -> usize {
+        self.pool.get_limit()
+    }
+
+    /// Sets how the pool grows (CuPy's rule by default).
+    pub fn set_growth_policy(&self, policy: GrowthPolicy) {
+        self.pool.set_growth_policy(policy);
+    }
+
+    /// How the pool grows.
+    #[must_use]
+    pub fn growth_policy(&self) -> GrowthPolicy {
+        self.pool.growth_policy()
+    }
+
+    /// The free chunks of the current stream's arena as `(ptr, size)`, for debugging.
+    #[must_use]
+    pub fn free_chunks_of_current_stream(&self) -> Vec<(DevicePtr, usize)> {
+        let key = B::thread_state().try_with(|ts| ts.arena_key()).unwrap_or(ArenaKey::NULL);
+        self.pool.free_chunks(key)
+    }
+}
