@@ -215,7 +215,7 @@ impl DeviceOps for Cuda {
     ///
     /// # Errors
     ///
-    /// As [`make_current`].
+    /// As `make_current`.
     fn set_device(dev: DeviceId) -> Result<()> {
         let ctx = context(slot(dev)?)?;
         set_current(ctx)

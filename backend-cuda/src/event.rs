@@ -10,7 +10,7 @@ use crate::result::{self, check, code, ERROR_NOT_READY, SUCCESS};
 use crate::stream::CudaStream;
 use crate::Cuda;
 
-/// A CUDA event (`CUevent`): the [`Backend::Event`](gpumem_core::Backend::Event) of
+/// A CUDA event (`CUevent`): the [`Api::Event`](gpumem_core::Api::Event) of
 /// [`Cuda`](crate::Cuda). Owned by gpumem's typed `Event`, which destroys it once.
 #[derive(Debug)]
 pub struct CudaEvent(CUevent);

@@ -12,8 +12,8 @@ use crate::stream::CudaStream;
 use crate::Cuda;
 
 /// An instantiated graph: the captured `CUgraph` and its executable `CUgraphExec`, both owned
-/// and destroyed together by [`Backend::graph_destroy`](gpumem_core::Backend::graph_destroy).
-/// It is the [`Backend::Graph`](gpumem_core::Backend::Graph) of [`Cuda`](crate::Cuda).
+/// and destroyed together by [`GraphOps::graph_destroy`](gpumem_core::GraphOps::graph_destroy).
+/// It is the [`Api::Graph`](gpumem_core::Api::Graph) of [`Cuda`](crate::Cuda).
 #[derive(Debug)]
 pub struct CudaGraph {
     graph: CUgraph,

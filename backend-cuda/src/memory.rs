@@ -96,7 +96,7 @@ impl MemoryOps for Cuda {
         Ok(ptr as DevicePtr)
     }
 
-    /// Frees memory from [`malloc`]. `cuMemFree` waits for the device's work first.
+    /// Frees memory from [`Self::malloc`]. `cuMemFree` waits for the device's work first.
     ///
     /// # Safety
     ///
@@ -126,7 +126,7 @@ impl MemoryOps for Cuda {
         Ok(ptr.cast::<u8>())
     }
 
-    /// Frees memory from [`malloc_host`].
+    /// Frees memory from [`Self::malloc_host`].
     ///
     /// # Safety
     ///
@@ -157,7 +157,7 @@ impl MemoryOps for Cuda {
         Ok(ptr as DevicePtr)
     }
 
-    /// Frees memory from [`malloc_async`], ordered on `stream`.
+    /// Frees memory from [`Self::malloc_async`], ordered on `stream`.
     ///
     /// # Safety
     ///

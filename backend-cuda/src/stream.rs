@@ -12,7 +12,7 @@ use crate::event::CudaEvent;
 use crate::result::{self, check, code, ERROR_NOT_READY, SUCCESS};
 use crate::Cuda;
 
-/// A CUDA stream handle (`CUstream`): the [`Backend::Stream`](gpumem_core::Backend::Stream) of
+/// A CUDA stream handle (`CUstream`): the [`Api::Stream`](gpumem_core::Api::Stream) of
 /// [`Cuda`](crate::Cuda).
 ///
 /// Plain data: copying it does not duplicate the stream, and dropping it destroys nothing. Besides
@@ -165,7 +165,7 @@ impl StreamOps for Cuda {
     ///
     /// # Safety
     ///
-    /// The handle came from [`create`] and is destroyed once.
+    /// The handle came from [`Self::stream_create`] and is destroyed once.
     ///
     /// # Errors
     ///

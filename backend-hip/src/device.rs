@@ -112,19 +112,6 @@ fn is_host_memory(memory_type: c_int, major: i32) -> bool {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn memory_types_are_read_with_the_runtime_numbering() {
-        assert!(is_host_memory(0, 5));
-        assert!(!is_host_memory(1, 5) && !is_host_memory(3, 5));
-        assert!(is_host_memory(0, 6) && is_host_memory(1, 6));
-        assert!(!is_host_memory(2, 6) && !is_host_memory(3, 6) && !is_host_memory(11, 6));
-    }
-}
-
 impl DeviceOps for Hip {
     /// The number of devices.
     ///
@@ -140,7 +127,7 @@ impl DeviceOps for Hip {
     ///
     /// # Errors
     ///
-    /// As [`make_current`].
+    /// As `make_current`.
     fn set_device(dev: DeviceId) -> Result<()> {
         result::init()?;
         set_current(dev)
@@ -273,5 +260,18 @@ impl DeviceOps for Hip {
         }
         let host = is_host_memory(attributes.memory_type, runtime_major()) && attributes.is_managed == 0;
         Ok((!host && attributes.device >= 0).then_some(attributes.device))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn memory_types_are_read_with_the_runtime_numbering() {
+        assert!(is_host_memory(0, 5));
+        assert!(!is_host_memory(1, 5) && !is_host_memory(3, 5));
+        assert!(is_host_memory(0, 6) && is_host_memory(1, 6));
+        assert!(!is_host_memory(2, 6) && !is_host_memory(3, 6) && !is_host_memory(11, 6));
     }
 }

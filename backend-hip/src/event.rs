@@ -10,7 +10,7 @@ use crate::result::{self, check, sys, ERROR_NOT_READY, SUCCESS};
 use crate::stream::HipStream;
 use crate::Hip;
 
-/// A HIP event (`hipEvent_t`): the [`Backend::Event`](gpumem_core::Backend::Event) of
+/// A HIP event (`hipEvent_t`): the [`Api::Event`](gpumem_core::Api::Event) of
 /// [`Hip`](crate::Hip). Owned by gpumem's typed `Event`, which destroys it once.
 #[derive(Debug)]
 pub struct HipEvent(hipEvent_t);
@@ -28,23 +28,6 @@ impl HipEvent {
     #[must_use]
     pub fn as_raw(&self) -> hipEvent_t {
         self.0
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use hip_sys::hiprt::{hipEventBlockingSync, hipEventDisableTiming, hipEventInterprocess};
-
-    use super::*;
-
-    #[test]
-    fn event_flag_bits_are_hips() {
-        let flag = |blocking, disable_timing, interprocess| {
-            EventFlags { blocking, disable_timing, interprocess }.bits()
-        };
-        assert_eq!(flag(true, false, false), hipEventBlockingSync);
-        assert_eq!(flag(false, true, false), hipEventDisableTiming);
-        assert_eq!(flag(false, false, true), hipEventInterprocess);
     }
 }
 
@@ -127,5 +110,22 @@ impl EventOps for Hip {
         // SAFETY: both events are live while borrowed; `ms` is a valid out-pointer.
         check("hipEventElapsedTime", unsafe { sys::hipEventElapsedTime(&mut ms, start.0, end.0) })?;
         Ok(ms)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use hip_sys::hiprt::{hipEventBlockingSync, hipEventDisableTiming, hipEventInterprocess};
+
+    use super::*;
+
+    #[test]
+    fn event_flag_bits_are_hips() {
+        let flag = |blocking, disable_timing, interprocess| {
+            EventFlags { blocking, disable_timing, interprocess }.bits()
+        };
+        assert_eq!(flag(true, false, false), hipEventBlockingSync);
+        assert_eq!(flag(false, true, false), hipEventDisableTiming);
+        assert_eq!(flag(false, false, true), hipEventInterprocess);
     }
 }

@@ -7,7 +7,7 @@ use crate::result;
 use crate::stream::HipStream;
 use crate::Hip;
 
-/// An instantiated graph: the [`Backend::Graph`](gpumem_core::Backend::Graph) of
+/// An instantiated graph: the [`Api::Graph`](gpumem_core::Api::Graph) of
 /// [`Hip`](crate::Hip), a type without values.
 ///
 /// Differs from the CUDA backend: this backend offers no capture (see the
@@ -19,7 +19,7 @@ pub enum HipGraph {}
 
 impl GraphOps for Hip {
     /// `Unsupported`, without calling the runtime: this backend offers no capture (see the
-    /// [module docs](self)).
+    /// module docs).
     ///
     /// # Errors
     ///

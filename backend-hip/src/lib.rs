@@ -2,7 +2,7 @@
 //! (`libamdhip64`), for AMD GPUs.
 //!
 //! It translates each backend operation into one runtime call (or a few), following the contract
-//! in [`gpumem_core::backend`]: it validates nothing the typed layer already checked, keeps no
+//! in [`gpumem_core::hal`]: it validates nothing the typed layer already checked, keeps no
 //! pool of its own, and never panics. Its files mirror the CUDA backend's, item for item, so the
 //! two read side by side; every place where HIP makes this backend differ says so where it
 //! happens.

@@ -104,7 +104,7 @@ impl MemoryOps for Hip {
         Ok(ptr as DevicePtr)
     }
 
-    /// Frees memory from [`malloc`]. `hipFree` waits for the device's work first.
+    /// Frees memory from [`Self::malloc`]. `hipFree` waits for the device's work first.
     ///
     /// # Safety
     ///
@@ -134,7 +134,7 @@ impl MemoryOps for Hip {
         Ok(ptr.cast::<u8>())
     }
 
-    /// Frees memory from [`malloc_host`].
+    /// Frees memory from [`Self::malloc_host`].
     ///
     /// # Safety
     ///
@@ -169,7 +169,7 @@ impl MemoryOps for Hip {
         Ok(ptr as DevicePtr)
     }
 
-    /// Frees memory from [`malloc_async`], ordered on `stream`.
+    /// Frees memory from [`Self::malloc_async`], ordered on `stream`.
     ///
     /// # Safety
     ///

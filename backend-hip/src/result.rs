@@ -39,7 +39,7 @@ pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: Code =
     hipError_t::hipErrorPeerAccessAlreadyEnabled as Code;
 
 /// The HIP runtime functions this backend calls, with integer status codes (see the
-/// [module docs](self)). Every other type comes from hip-sys. The declarations follow HIP 5.2's
+/// module docs). Every other type comes from hip-sys. The declarations follow HIP 5.2's
 /// `hip_runtime_api.h`, and Debian's `libamdhip64` 5.2.3 exports each function (linking any
 /// program of this crate checks that).
 pub(crate) mod sys {

@@ -19,7 +19,7 @@ use crate::event::HipEvent;
 use crate::result::{self, check, sys, Code, ERROR_NOT_READY, SUCCESS};
 use crate::Hip;
 
-/// A HIP stream handle (`hipStream_t`): the [`Backend::Stream`](gpumem_core::Backend::Stream) of
+/// A HIP stream handle (`hipStream_t`): the [`Api::Stream`](gpumem_core::Api::Stream) of
 /// [`Hip`](crate::Hip).
 ///
 /// Plain data: copying it does not duplicate the stream, and dropping it destroys nothing. Besides
@@ -201,7 +201,7 @@ impl StreamOps for Hip {
     ///
     /// # Safety
     ///
-    /// The handle came from [`create`] and is destroyed once.
+    /// The handle came from [`Self::stream_create`] and is destroyed once.
     ///
     /// # Errors
     ///

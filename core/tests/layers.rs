@@ -27,7 +27,8 @@ fn upward_imports(module: &str, source: &str) -> Vec<(usize, String)> {
             if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
                 continue;
             }
-            let name: String = code[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+            let name: String =
+                code[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             if let Some(l) = layer(&name) {
                 if l > own {
                     found.push((n + 1, name));

@@ -17,8 +17,6 @@
 //! Host functions and callbacks may not synchronise their own stream (an error, where CUDA forbids
 //! any runtime call in a callback).
 
-#![allow(unsafe_code)]
-
 mod device;
 mod event;
 mod graph;

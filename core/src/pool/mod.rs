@@ -770,7 +770,10 @@ fn pmem_id_of<R: RawAllocator>(arena: &Arena<R>, slot: u32) -> u64 {
     ((u64::from(arena.uid) << 32) | u64::from(slot)) ^ (arena.shared.uid << 52)
 }
 
-struct GiveBackOnDrop<R: RawAllocator>(Option<(ArenaRef<Arena<R>>, u32, Option<Box<dyn Fence>>)>);
+/// A chunk to give back (behind a fence, if any) when dropped.
+type Pending<R> = (ArenaRef<Arena<R>>, u32, Option<Box<dyn Fence>>);
+
+struct GiveBackOnDrop<R: RawAllocator>(Option<Pending<R>>);
 
 impl<R: RawAllocator> Drop for GiveBackOnDrop<R> {
     fn drop(&mut self) {

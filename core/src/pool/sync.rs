@@ -157,7 +157,7 @@ impl<T> ArenaRef<T> {
 /// Entries are type-erased (one cache serves pools of every raw allocator type): each holds the
 /// arena's `Arc` as `dyn Any` (which keeps it alive) and the same `Arc`'s pointer. Only the pool
 /// whose number an entry carries reads it back, as its own arena type: pool numbers are unique in
-/// the process and a pool has one arena type, which is what makes the cast in [`ArenaCache::with`]
+/// the process and a pool has one arena type, which is what makes the cast in `ArenaCache::with`
 /// sound.
 pub struct ArenaCache {
     entries: RefCell<Vec<CacheEntry>>,

@@ -4,7 +4,7 @@
 //!
 //! - [`state`]: the per-backend thread and process state ([`Runtime`]).
 //! - [`device`]: devices and the current device.
-//! - [`memory`] and [`pointer`]: memory objects and [`MemoryPointer`]; [`transfer`]: their
+//! - [`memory`] and [`pointer`](mod@pointer): memory objects and [`MemoryPointer`]; [`transfer`]: their
 //!   copies and memsets; [`pinned`]: pinned host memory.
 //! - [`pools`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`], the pool of [`crate::pool`] with
 //!   pointers, streams and the runtime's allocator; [`allocator`]: CuPy's current allocator.

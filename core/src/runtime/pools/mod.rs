@@ -247,7 +247,7 @@ where
         limit.validate()?;
         let bytes = match limit {
             Limit::Bytes(b) => b,
-            Limit::Fraction(f) if f == 0.0 => 0,
+            Limit::Fraction(0.0) => 0,
             Limit::Fraction(_) => limit.bytes(B::mem_get_info(self.device_id())?.total),
         };
         self.pool.set_limit(bytes);

@@ -15,6 +15,9 @@ use crate::runtime::stream::Stream;
 
 use super::{DeviceAllocator, SingleDeviceMemoryPool};
 
+/// One lazily made pool per device.
+type DevicePools<B, A> = Box<[OnceLock<SingleDeviceMemoryPool<B, A>>]>;
+
 /// One pool per device; every call goes to the current device's pool (CuPy's `MemoryPool`).
 ///
 /// Each device's pool is created on first use, with its own device id and its own
@@ -22,7 +25,7 @@ use super::{DeviceAllocator, SingleDeviceMemoryPool};
 /// current, so every pool reports that device's id to hooks; gpumem does not copy that.
 pub struct MemoryPool<B: Runtime, A: RawAllocator + Clone = DeviceAllocator<B>> {
     allocator: A,
-    pools: OnceLock<Box<[OnceLock<SingleDeviceMemoryPool<B, A>>]>>,
+    pools: OnceLock<DevicePools<B, A>>,
     /// The growth policy of every device's pool, set with [`MemoryPool::set_growth_policy`].
     policy: parking_lot::Mutex<GrowthPolicy>,
 }
