@@ -182,9 +182,6 @@ pub(crate) unsafe fn free(request: &FreeRequest, stream: Option<usize>) -> Resul
     if request.ptr == 0 {
         return Ok(());
     }
-    // The device is made current before the chunk leaves the map: past that point a failure
-    // must not return it unordered.
-    let _device = enter_device(request.device)?;
     let freeing = stream.map(StreamId::on_this_thread);
     let entry = registry().take(request, |e| freeing.is_some_and(|f| f != e.stream))?;
     match freeing {
@@ -228,10 +225,13 @@ unsafe fn release_on_other_stream(entry: Entry, freeing: &Stream) -> Result<(), 
     let ordered = if entry.stream.nameable_here() {
         // SAFETY: forwarded to the caller.
         let allocation = unsafe { foreign_stream(entry.stream.ptr, entry.device) };
-        freeing.record(None).and_then(|event| allocation.wait_event(&event))
+        // The event is made on the current device, which must be the streams' device.
+        enter_device(entry.device)
+            .and_then(|_device| Ok(freeing.record(None).and_then(|event| allocation.wait_event(&event))?))
     } else {
-        freeing.synchronize()
+        Ok(freeing.synchronize()?)
     };
+    // A stream synchronises in its own device, whichever is current.
     match ordered.or_else(|_| freeing.synchronize()) {
         Ok(()) => give_back(entry),
         Err(e) => {
