@@ -1,0 +1,265 @@
+//! The ABI's pool and what the entry points do with it: allocate on a caller's stream, free by
+//! address, release a chunk freed on another stream, and count the driver calls.
+//!
+//! This is the one file that knows how gpumem's pool, streams and events are driven; the entry
+//! points in `lib.rs` only convert C arguments and report failures.
+
+use std::cell::RefCell;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::OnceLock;
+
+use gpumem::{
+    BaseMemory, DefaultBackend, Device, DeviceGuard, DeviceId, DevicePtr, ExternalStream, Memory,
+    RawAllocator, Stream, StreamGuard,
+};
+
+use crate::ffi::{fail, Failure};
+use crate::registry::{registry, Entry, FreeRequest, StreamId};
+
+/// The pool every entry point allocates from: one per process, on the runtime's allocator
+/// wrapped to count driver calls; each device's pool honours `GPUMEM_GPU_MEMORY_LIMIT`.
+pub(crate) fn pool() -> &'static AbiPool {
+    static POOL: OnceLock<AbiPool> = OnceLock::new();
+    POOL.get_or_init(|| AbiPool::with_allocator(CountingAllocator))
+}
+
+/// The ABI's pool type: gpumem's multi-device pool on the counting allocator.
+pub(crate) type AbiPool = gpumem::core::MemoryPool<DefaultBackend, CountingAllocator>;
+
+/// One device's pool of [`AbiPool`].
+pub(crate) type AbiDevicePool = gpumem::core::SingleDeviceMemoryPool<DefaultBackend, CountingAllocator>;
+
+/// The pool of `device`.
+///
+/// # Errors
+///
+/// `InvalidArgument` for a device that does not exist; `DriverNotFound` / `NoDevice`.
+pub(crate) fn device_pool(device: DeviceId) -> Result<&'static AbiDevicePool, Failure> {
+    Ok(pool().device_pool(device)?)
+}
+
+/// Driver-call counts of the ABI's pool (all devices).
+pub(crate) struct RawCounts {
+    allocs: AtomicU64,
+    frees: AtomicU64,
+    held: AtomicUsize,
+    peak_held: AtomicUsize,
+}
+
+pub(crate) static RAW: RawCounts = RawCounts {
+    allocs: AtomicU64::new(0),
+    frees: AtomicU64::new(0),
+    held: AtomicUsize::new(0),
+    peak_held: AtomicUsize::new(0),
+};
+
+impl RawCounts {
+    /// `(raw allocations, raw frees, bytes held now, most bytes held at once)`.
+    pub(crate) fn get(&self) -> (u64, u64, usize, usize) {
+        (
+            self.allocs.load(Ordering::Relaxed),
+            self.frees.load(Ordering::Relaxed),
+            self.held.load(Ordering::Relaxed),
+            self.peak_held.load(Ordering::Relaxed),
+        )
+    }
+}
+
+/// The runtime's allocator, counting each raw allocation and free (one driver call each). Raw
+/// calls are the pool's cold path, so shared atomics cost nothing that matters.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct CountingAllocator;
+
+impl RawAllocator for CountingAllocator {
+    type Block = Counted;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Counted> {
+        let mem = Memory::new_on(device, size)?;
+        RAW.allocs.fetch_add(1, Ordering::Relaxed);
+        let held = RAW.held.fetch_add(size, Ordering::Relaxed) + size;
+        RAW.peak_held.fetch_max(held, Ordering::Relaxed);
+        Ok(Counted(mem))
+    }
+}
+
+/// A raw block that counts its free.
+#[derive(Debug)]
+pub(crate) struct Counted(Memory);
+
+impl gpumem::RawBlock for Counted {
+    fn address(&self) -> DevicePtr {
+        self.0.ptr()
+    }
+    fn size(&self) -> usize {
+        BaseMemory::<DefaultBackend>::size(&self.0)
+    }
+    fn device(&self) -> DeviceId {
+        self.0.device_id()
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        RAW.frees.fetch_add(1, Ordering::Relaxed);
+        RAW.held.fetch_sub(self.0.size(), Ordering::Relaxed);
+    }
+}
+
+// SAFETY: every value is the wrapped `Memory`'s, which is one live allocation of the backend on
+// its device until it is dropped, with this wrapper.
+unsafe impl BaseMemory<DefaultBackend> for Counted {
+    fn ptr(&self) -> DevicePtr {
+        self.0.ptr()
+    }
+    fn size(&self) -> usize {
+        self.0.size()
+    }
+    fn device_id(&self) -> DeviceId {
+        self.0.device_id()
+    }
+    fn identity(&self) -> &'static str {
+        "Memory"
+    }
+}
+
+thread_local! {
+    /// The last foreign stream this thread allocated or freed on: wrapping a raw handle makes a
+    /// reference-counted value, which a run of calls on one stream (the usual case) then skips.
+    static LAST_STREAM: RefCell<Option<(DeviceId, usize, Stream)>> = const { RefCell::new(None) };
+}
+
+/// The foreign stream with raw value `ptr` on `device`, as a gpumem stream that never destroys it.
+///
+/// # Safety
+///
+/// `ptr` is 0, 1, 2 or a live stream handle of the backend's runtime, created on `device`, and
+/// stays live while the returned stream is used.
+unsafe fn foreign_stream(ptr: usize, device: DeviceId) -> Stream {
+    let cached = LAST_STREAM
+        .try_with(|last| match &*last.borrow() {
+            Some((d, p, s)) if *d == device && *p == ptr => Some(s.clone()),
+            _ => None,
+        })
+        .ok()
+        .flatten();
+    if let Some(stream) = cached {
+        return stream;
+    }
+    // SAFETY: forwarded to the caller. A cached stream outliving its handle is never used again
+    // unless a live stream with the same raw value is passed, and then it names that stream.
+    let stream = unsafe { ExternalStream::from_ptr(ptr, Some(device)) }.into_stream();
+    let _ = LAST_STREAM.try_with(|last| *last.borrow_mut() = Some((device, ptr, stream.clone())));
+    stream
+}
+
+/// Makes `device` current on this thread until the guard goes, unless it already is.
+fn enter_device(device: DeviceId) -> Result<Option<DeviceGuard>, Failure> {
+    if device < 0 {
+        return fail!("device {device} does not exist");
+    }
+    if Device::current().id() == device {
+        return Ok(None);
+    }
+    Ok(Some(Device::new(device).enter()?))
+}
+
+/// Allocates `size` bytes on `device` from the arena of the stream with raw value `stream`, and
+/// records the chunk under its address. Size 0 gives address 0 and records nothing.
+///
+/// # Safety
+///
+/// As [`foreign_stream`].
+///
+/// # Errors
+///
+/// The pool's errors (out of memory, limit exceeded, a hook's error, an unknown device).
+pub(crate) unsafe fn malloc(size: usize, device: DeviceId, stream: usize) -> Result<DevicePtr, Failure> {
+    if size == 0 {
+        return Ok(0);
+    }
+    let _device = enter_device(device)?;
+    let pool = device_pool(device)?;
+    // SAFETY: forwarded to the caller.
+    let s = unsafe { foreign_stream(stream, device) };
+    let current: StreamGuard = s.enter()?;
+    let mem = pool.malloc_pooled(size)?;
+    drop(current);
+    registry().insert(Entry { mem, stream: StreamId::on_this_thread(stream), device, size })
+}
+
+/// Frees the chunk at `request.ptr`, which the caller says it last used on the stream with raw
+/// value `stream` (`None`: on the allocation's stream). Address 0 frees nothing.
+///
+/// # Safety
+///
+/// As [`foreign_stream`], for `stream` and for the stream the chunk was allocated on (still live).
+///
+/// # Errors
+///
+/// The registry's checks (unknown address, device or size mismatch); the runtime's error when a
+/// free on another stream cannot be ordered (the chunk is then withheld from reuse); a free
+/// hook's error (the chunk is returned all the same).
+pub(crate) unsafe fn free(request: &FreeRequest, stream: Option<usize>) -> Result<(), Failure> {
+    if request.ptr == 0 {
+        return Ok(());
+    }
+    let freeing = stream.map(StreamId::on_this_thread);
+    let entry = registry().take(request, |e| freeing.is_some_and(|f| f != e.stream))?;
+    match freeing {
+        Some(f) if f != entry.stream => {
+            // SAFETY: forwarded to the caller.
+            let freeing = unsafe { foreign_stream(f.ptr, entry.device) };
+            // SAFETY: forwarded to the caller.
+            unsafe { release_on_other_stream(entry, &freeing) }
+        }
+        _ => give_back(entry),
+    }
+}
+
+/// Returns a chunk to its arena.
+fn give_back(entry: Entry) -> Result<(), Failure> {
+    match entry.mem.free() {
+        Ok(()) => Ok(()),
+        Err(e) => fail!("the memory was freed, but a memory hook failed: {e}"),
+    }
+}
+
+/// Returns a chunk that was freed on `freeing`, another stream than the one it was allocated
+/// on, once that is safe.
+///
+/// The pool reuses a chunk only for allocations on its own stream's arena, in that stream's
+/// order. Work queued on `freeing` may still use the chunk, so before it goes back, later work on
+/// the allocation's stream is made to wait for everything queued on `freeing` so far: an event is
+/// recorded on `freeing` and the allocation's stream waits on it. Nothing blocks the host. When
+/// the allocation's stream cannot be named from this thread (another thread's per-thread default
+/// stream) or the event cannot be recorded or waited on, `freeing` is synchronised instead. If
+/// that fails too, the chunk is never reused (it stays lent until the process ends) and the
+/// error is reported: a leak is sound, reuse under pending work is not.
+///
+/// This is the one place that ordering lives, so that a stream-ordered release in the pool can
+/// replace it.
+///
+/// # Safety
+///
+/// The allocation's stream and `freeing` are live.
+unsafe fn release_on_other_stream(entry: Entry, freeing: &Stream) -> Result<(), Failure> {
+    let ordered = if entry.stream.nameable_here() {
+        // SAFETY: forwarded to the caller.
+        let allocation = unsafe { foreign_stream(entry.stream.ptr, entry.device) };
+        // The event is made on the current device, which must be the streams' device.
+        enter_device(entry.device)
+            .and_then(|_device| Ok(freeing.record(None).and_then(|event| allocation.wait_event(&event))?))
+    } else {
+        Ok(freeing.synchronize()?)
+    };
+    // A stream synchronises in its own device, whichever is current.
+    match ordered.or_else(|_| freeing.synchronize()) {
+        Ok(()) => give_back(entry),
+        Err(e) => {
+            let addr = entry.mem.ptr();
+            // Deliberately never returned to the pool (see above).
+            std::mem::forget(entry.mem);
+            fail!("0x{addr:x} was freed on another stream whose work could not be ordered ({e}); it will not be reused")
+        }
+    }
+}

@@ -1,0 +1,122 @@
+/*
+ * Calls every entry point of gpumem.h from C, on the host backend (CI builds and runs it with
+ * capi/tests/c/run.sh). Exits non-zero, naming the check, on the first failure.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "gpumem.h"
+
+static int failures = 0;
+
+#define CHECK(cond)                                                                             \
+    do {                                                                                        \
+        if (!(cond)) {                                                                          \
+            const char *e = gpumem_last_error();                                                \
+            fprintf(stderr, "%s:%d: check failed: %s (last error: %s)\n", __FILE__, __LINE__,   \
+                    #cond, e ? e : "none");                                                     \
+            failures++;                                                                         \
+        }                                                                                       \
+    } while (0)
+
+static gpumem_stats stats(int device) {
+    gpumem_stats s;
+    memset(&s, 0, sizeof s);
+    CHECK(gpumem_get_stats(device, &s) == 0);
+    return s;
+}
+
+int main(void) {
+    const char *version = gpumem_version();
+    CHECK(version != NULL && strchr(version, '.') != NULL);
+    printf("gpumem %s\n", version);
+
+    /* PyTorch's entry points, on the null stream. */
+    gpumem_stats before = stats(0);
+    void *p = gpumem_torch_malloc(1000, 0, (cudaStream_t)0);
+    CHECK(p != NULL && gpumem_last_error() == NULL);
+    CHECK(((size_t)p) % 512 == 0);
+    gpumem_stats during = stats(0);
+    CHECK(during.used_bytes - before.used_bytes == 1024);
+    CHECK(during.n_live - before.n_live == 1);
+    gpumem_torch_free(p, 1000, 0, (cudaStream_t)0);
+    CHECK(gpumem_last_error() == NULL);
+    CHECK(stats(0).n_live == before.n_live);
+
+    /* Errors: a message, no crash, nothing freed. */
+    gpumem_torch_free(p, 1000, 0, (cudaStream_t)0);
+    CHECK(gpumem_last_error() != NULL && strstr(gpumem_last_error(), "not an address gpumem lent") != NULL);
+    gpumem_torch_free((void *)0x1234, 8, 0, (cudaStream_t)0);
+    CHECK(gpumem_last_error() != NULL);
+    CHECK(gpumem_torch_malloc(-5, 0, (cudaStream_t)0) == NULL);
+    CHECK(gpumem_last_error() != NULL && strcmp(gpumem_last_error(), "gpumem_torch_malloc: negative size -5") == 0);
+    CHECK(gpumem_torch_malloc(0, 0, (cudaStream_t)0) == NULL && gpumem_last_error() == NULL);
+
+    /* A free on another stream (the per-thread default stream, raw value 2). */
+    void *q = gpumem_torch_malloc(4096, 0, (cudaStream_t)0);
+    CHECK(q != NULL);
+    gpumem_torch_free(q, 4096, 0, (cudaStream_t)2);
+    CHECK(gpumem_last_error() == NULL);
+    CHECK(stats(0).n_cross_stream_frees - before.n_cross_stream_frees == 1);
+
+    /* CuPy's entry points. */
+    void *c = gpumem_cupy_malloc(NULL, 24, 0);
+    CHECK(c != NULL);
+    gpumem_cupy_free(NULL, c, 0);
+    CHECK(gpumem_last_error() == NULL);
+    gpumem_cupy_free(NULL, c, 0);
+    CHECK(gpumem_last_error() != NULL);
+
+    /* Configuration. */
+    size_t limit = 1;
+    CHECK(gpumem_set_limit(0, 1 << 20) == 0);
+    CHECK(gpumem_get_limit(0, &limit) == 0 && limit == (1 << 20));
+    CHECK(gpumem_torch_malloc(2 << 20, 0, (cudaStream_t)0) == NULL);
+    CHECK(gpumem_last_error() != NULL && strstr(gpumem_last_error(), "limit set to: 1,048,576 bytes") != NULL);
+    CHECK(gpumem_set_limit(0, 0) == 0);
+    CHECK(gpumem_set_limit_fraction(0, 2.0) == -1 && gpumem_last_error() != NULL);
+    CHECK(gpumem_set_limit_fraction(0, 0.0) == 0);
+    CHECK(gpumem_set_growth_policy(0, "hold_peak_in_use") == 0);
+    CHECK(strcmp(gpumem_get_growth_policy(0), "hold_peak_in_use") == 0);
+    CHECK(gpumem_set_growth_policy(0, "no_such_policy") == -1);
+    CHECK(gpumem_set_growth_policy(0, "cache_until_out_of_memory") == 0);
+    CHECK(gpumem_free_all_blocks(0) == 0);
+    CHECK(stats(0).total_bytes == 0);
+    CHECK(gpumem_get_stats(42, &during) == -1 && gpumem_last_error() != NULL);
+
+    /* The debug-print hook. */
+    const char *path = "gpumem-capi-c-test.jsonl";
+    CHECK(gpumem_debug_print_hook_begin(path) == 0);
+    void *x = gpumem_cupy_malloc(NULL, 24, 0);
+    gpumem_cupy_free(NULL, x, 0);
+    CHECK(gpumem_debug_print_hook_end() == 0);
+    FILE *f = fopen(path, "r");
+    CHECK(f != NULL);
+    if (f) {
+        char line[512];
+        int n = 0;
+        while (fgets(line, sizeof line, f)) {
+            if (n == 0) CHECK(strstr(line, "\"hook\":\"alloc\"") != NULL);
+            if (n == 1) CHECK(strstr(line, "\"hook\":\"malloc\"") != NULL && strstr(line, "\"size\":24") != NULL);
+            if (n == 2) CHECK(strstr(line, "\"hook\":\"free\"") != NULL);
+            n++;
+        }
+        CHECK(n == 3);
+        fclose(f);
+        remove(path);
+    }
+
+    gpumem_stats end = stats(0);
+    CHECK(end.n_live == before.n_live);
+    printf("mallocs %llu, frees %llu, failed mallocs %llu, failed frees %llu, raw allocs %llu\n",
+           (unsigned long long)end.n_mallocs, (unsigned long long)end.n_frees,
+           (unsigned long long)end.n_failed_mallocs, (unsigned long long)end.n_failed_frees,
+           (unsigned long long)end.n_raw_allocs);
+    if (failures) {
+        fprintf(stderr, "abi_test: %d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("abi_test: all checks passed\n");
+    return 0;
+}
