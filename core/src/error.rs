@@ -127,8 +127,9 @@ pub enum Error {
     #[error("memory hook {0} already exists")]
     HookAlreadyRegistered(String),
 
-    /// The allocator cannot be changed inside a `using_allocator` scope (CuPy's message).
-    #[error("Can't change the global allocator inside `using_allocator` context manager")]
+    /// The allocator cannot be changed while a `using_allocator` guard is alive on this thread
+    /// (CuPy refuses the same).
+    #[error("Can't change the global allocator while a `using_allocator` guard is alive on this thread")]
     AllocatorInUse,
 
     /// The runtime reported an error.

@@ -7,7 +7,7 @@
 //!   the device, to the call sites along the user's call stack, and prints CuPy's report.
 //!
 //! A hook is installed on the calling thread with [`gpumem_core::hooks::install`] and removed
-//! when the returned guard is dropped (Python's `with hook:`). The guard dereferences to the
+//! when the returned guard is dropped (where CuPy uses `with hook:`). The guard dereferences to the
 //! hook, and [`HookGuard::into_inner`](gpumem_core::HookGuard::into_inner) gives it back with
 //! what it recorded. Only the pools call hooks, and only on the thread that installed them.
 //!
