@@ -4,7 +4,11 @@
 //!   in CuPy's format to the byte, fast enough to leave on (tens of nanoseconds a line into a
 //!   buffered writer).
 //! - [`LineProfileHook`] attributes the bytes asked of the pool, and the bytes the pool took from
-//!   the device, to the call sites along the user's call stack, and prints CuPy's report.
+//!   the device, to the call sites along the user's call stack, and prints CuPy's report. It is
+//!   behind the `line-profile` feature, on by default: it walks and symbolises the call stack
+//!   with the `backtrace` crate. With `default-features = false` the crate has `DebugPrintHook`
+//!   alone, and `LineProfileHook`, `ProfileEntry`, `StackFrame` and `humanized_size` are absent
+//!   (a missing profiler is a compile error, never a profile that silently records nothing).
 //!
 //! A hook is installed on the calling thread with [`gpumem_core::hooks::install`] and removed
 //! when the returned guard is dropped (where CuPy uses `with hook:`). The guard dereferences to the
@@ -51,11 +55,17 @@
 //! ```
 
 #![deny(unsafe_code)]
+// docs.rs marks the items that need a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 mod debug_print;
+#[cfg(feature = "line-profile")]
 mod line_profile;
+#[cfg(feature = "line-profile")]
 mod stack;
 
 pub use debug_print::DebugPrintHook;
+#[cfg(feature = "line-profile")]
 pub use line_profile::{humanized_size, LineProfileHook, ProfileEntry};
+#[cfg(feature = "line-profile")]
 pub use stack::StackFrame;
