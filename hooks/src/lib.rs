@@ -57,6 +57,8 @@
 #![deny(unsafe_code)]
 // docs.rs marks the items that need a feature.
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// Without `line-profile` the docs still name LineProfileHook, which is then absent.
+#![cfg_attr(not(feature = "line-profile"), allow(rustdoc::broken_intra_doc_links))]
 
 mod debug_print;
 #[cfg(feature = "line-profile")]
