@@ -43,6 +43,17 @@
 //! | streams, events, callbacks, host functions | yes | yes | yes |
 //! | stream capture and graphs | yes | yes | no: [`Error::Unsupported`] |
 //! | stream-ordered allocator | yes | yes (`cuMemAllocAsync`) | where the runtime has it |
+//!
+//! # Features
+//!
+//! `cuda` and `hip` add those backends; `line-profile` (on by default) adds [`LineProfileHook`],
+//! which walks the call stack with the `backtrace` crate (without it gpumem does not depend on
+//! `backtrace`).
+
+// docs.rs marks the items that need a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without `line-profile` the docs still name LineProfileHook, which is then absent.
+#![cfg_attr(not(feature = "line-profile"), allow(rustdoc::broken_intra_doc_links))]
 
 /// The README's examples, run as doc tests.
 #[doc = include_str!("../README.md")]
@@ -60,7 +71,9 @@ pub use gpumem_core::{
     HookError, Limit, PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, RawBlock, Result, Runtime,
     StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
-pub use gpumem_hooks::{DebugPrintHook, LineProfileHook};
+pub use gpumem_hooks::DebugPrintHook;
+#[cfg(feature = "line-profile")]
+pub use gpumem_hooks::LineProfileHook;
 
 /// The host backend (always available).
 pub use gpumem_core::host;

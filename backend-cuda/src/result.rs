@@ -153,7 +153,10 @@ impl InitFailure {
                 Error::DriverNotFound {
                     backend: BACKEND,
                     detail: format!(
-                        "the NVIDIA driver library (libcuda) could not be loaded; tried {} (and nvcuda)",
+                        "the NVIDIA driver library (libcuda) could not be loaded; tried {} (and nvcuda). \
+                         Install the NVIDIA driver (it provides libcuda.so.1; the CUDA toolkit is not needed) \
+                         or add the folder holding libcuda.so.1 to LD_LIBRARY_PATH; on a machine without an \
+                         NVIDIA GPU, use another backend (gpumem's host backend runs on the CPU)",
                         tried.join(", ")
                     ),
                 }
@@ -161,12 +164,16 @@ impl InitFailure {
             InitFailure::MissingSymbol(symbol) => Error::DriverNotFound {
                 backend: BACKEND,
                 detail: format!(
-                    "the NVIDIA driver library does not export {symbol}: gpumem needs a driver for CUDA 12.0 or newer"
+                    "the NVIDIA driver library does not export {symbol}: gpumem needs a driver for CUDA 12.0 \
+                     or newer; update the NVIDIA driver"
                 ),
             },
             InitFailure::Init(result) if code(result) == ERROR_STUB_LIBRARY => Error::DriverNotFound {
                 backend: BACKEND,
-                detail: "the libcuda found is the CUDA toolkit's stub library, not an NVIDIA driver".into(),
+                detail: "the libcuda found is the CUDA toolkit's stub library, not an NVIDIA driver: \
+                         install the driver, or put the folder of the driver's libcuda.so.1 before the \
+                         toolkit's `stubs` folder in LD_LIBRARY_PATH"
+                    .into(),
             },
             InitFailure::Init(result) => error("cuInit", result),
         }

@@ -17,7 +17,11 @@ pub type HookError = Box<dyn std::error::Error + Send + Sync + 'static>;
 pub type SharedHookError = std::sync::Arc<dyn std::error::Error + Send + Sync + 'static>;
 
 /// Everything that can go wrong in gpumem.
-#[derive(Clone, Debug, thiserror::Error)]
+///
+/// `Debug` prints the variant's name and the message (`LimitExceeded: Out of memory allocating
+/// ...`), so a `main` returning `Result<(), gpumem::Error>` reports what went wrong, not the
+/// variant's fields.
+#[derive(Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
     /// An allocation could not be served: the device (or the pool, after releasing its cached
@@ -220,8 +224,9 @@ pub enum Error {
     #[error("memory hook {0} already exists")]
     HookAlreadyRegistered(String),
 
-    /// The allocator cannot be changed while a `using_allocator` guard is alive on this thread.
-    #[error("the global allocator cannot be changed while a `using_allocator` guard is alive")]
+    /// The allocator cannot be changed while a `using_allocator` guard is alive on this thread
+    /// (CuPy refuses the same).
+    #[error("Can't change the global allocator while a `using_allocator` guard is alive on this thread")]
     AllocatorInUse,
 
     /// The runtime reported an error.
@@ -269,6 +274,46 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The variant's name, for `Debug`.
+    fn variant_name(&self) -> &'static str {
+        match self {
+            Error::OutOfMemory { .. } => "OutOfMemory",
+            Error::LimitExceeded { .. } => "LimitExceeded",
+            Error::DriverNotFound { .. } => "DriverNotFound",
+            Error::NoDevice { .. } => "NoDevice",
+            Error::OutOfBounds { .. } => "OutOfBounds",
+            Error::InvalidArgument(_) => "InvalidArgument",
+            Error::Overlap { .. } => "Overlap",
+            Error::PriorityOutOfRange { .. } => "PriorityOutOfRange",
+            Error::NoSuchDevice { .. } => "NoSuchDevice",
+            Error::CaptureOnDefaultStream => "CaptureOnDefaultStream",
+            Error::PageableMemory { .. } => "PageableMemory",
+            Error::WrongDevice { .. } => "WrongDevice",
+            Error::InvalidRawBlock { .. } => "InvalidRawBlock",
+            Error::InvalidEnvironment { .. } => "InvalidEnvironment",
+            Error::NotAllowedInCallback { .. } => "NotAllowedInCallback",
+            Error::NotAllowedWhileCapturing(_) => "NotAllowedWhileCapturing",
+            Error::CaptureInvalidated => "CaptureInvalidated",
+            Error::Unsupported { .. } => "Unsupported",
+            Error::StreamDeviceMismatch { .. } => "StreamDeviceMismatch",
+            Error::Hook { .. } => "Hook",
+            Error::CallbackPanicked(_) => "CallbackPanicked",
+            Error::HookAlreadyRegistered(_) => "HookAlreadyRegistered",
+            Error::AllocatorInUse => "AllocatorInUse",
+            Error::Backend { .. } => "Backend",
+        }
+    }
+}
+
+/// The variant and its message: what `fn main() -> Result<(), Error>` prints when it fails. The
+/// message already carries every field a reader needs.
+impl fmt::Debug for Error {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {self}", self.variant_name())
+    }
+}
+
 /// CuPy's `OutOfMemoryError` message: `{:,}` thousands separators, and the trailing period only
 /// where CuPy puts one.
 fn out_of_memory_message(size: usize, total: Option<usize>, limit: usize) -> String {
@@ -296,7 +341,7 @@ impl fmt::Display for Thousands {
         let digits = self.0.to_string();
         let mut out = String::with_capacity(digits.len() + digits.len() / 3);
         for (i, c) in digits.chars().enumerate() {
-            if i != 0 && (digits.len() - i) % 3 == 0 {
+            if i != 0 && (digits.len() - i).is_multiple_of(3) {
                 out.push(',');
             }
             out.push(c);
@@ -338,5 +383,26 @@ mod tests {
         let unknown = Error::OutOfMemory { size: 1024, total: None };
         assert_eq!(unknown.to_string(), "Out of memory allocating 1,024 bytes");
         assert!(limited.is_out_of_memory() && raw.is_out_of_memory());
+    }
+
+    #[test]
+    fn debug_prints_the_variant_and_its_message() {
+        let limited = Error::LimitExceeded { size: 1024, total: 2048, limit: 4096 };
+        assert_eq!(
+            format!("{limited:?}"),
+            "LimitExceeded: Out of memory allocating 1,024 bytes (allocated so far: 2,048 bytes, limit set to: 4,096 bytes)."
+        );
+        let missing = Error::DriverNotFound { backend: "cuda", detail: "libcuda.so.1 not found".into() };
+        assert_eq!(format!("{missing:?}"), format!("DriverNotFound: {missing}"));
+        assert_eq!(
+            format!("{:?}", Error::CaptureInvalidated),
+            format!("CaptureInvalidated: {}", Error::CaptureInvalidated)
+        );
+        let hook = Error::Hook {
+            hook: "h".into(),
+            phase: "malloc_preprocess",
+            source: HookError::from("refused").into(),
+        };
+        assert_eq!(format!("{hook:?}"), "Hook: memory hook h failed in malloc_preprocess: refused");
     }
 }

@@ -3,7 +3,7 @@
 //! Hooks are registered per thread, keyed by name, and called in registration order for both
 //! the pre and the post callbacks (post callbacks are not reversed, as in CuPy). Only the pools
 //! call them. A hook is installed with [`install`], which returns a guard: dropping the guard
-//! removes the hook (Python's `with hook:`).
+//! removes the hook, so the guard's scope is where the hook is active (CuPy's `with hook:`).
 //!
 //! | callback | when | event fields |
 //! |---|---|---|
@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::{Error, HookError, Result};
 use crate::hal::{DeviceId, DevicePtr};
 
-/// What the alloc hooks receive (CuPy's kwargs). `mem_ptr` is 0 in `alloc_preprocess` and after
+/// What the alloc hooks receive (the arguments CuPy passes them). `mem_ptr` is 0 in `alloc_preprocess` and after
 /// a failed allocation.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AllocEvent {

@@ -4,10 +4,14 @@
 //!   in CuPy's format to the byte, fast enough to leave on (tens of nanoseconds a line into a
 //!   buffered writer).
 //! - [`LineProfileHook`] attributes the bytes asked of the pool, and the bytes the pool took from
-//!   the device, to the call sites along the user's call stack, and prints CuPy's report.
+//!   the device, to the call sites along the user's call stack, and prints CuPy's report. It is
+//!   behind the `line-profile` feature, on by default: it walks and symbolises the call stack
+//!   with the `backtrace` crate. With `default-features = false` the crate has `DebugPrintHook`
+//!   alone, and `LineProfileHook`, `ProfileEntry`, `StackFrame` and `humanized_size` are absent
+//!   (a missing profiler is a compile error, never a profile that silently records nothing).
 //!
 //! A hook is installed on the calling thread with [`gpumem_core::hooks::install`] and removed
-//! when the returned guard is dropped (Python's `with hook:`). The guard dereferences to the
+//! when the returned guard is dropped (where CuPy uses `with hook:`). The guard dereferences to the
 //! hook, and [`HookGuard::into_inner`](gpumem_core::HookGuard::into_inner) gives it back with
 //! what it recorded. Only the pools call hooks, and only on the thread that installed them.
 //!
@@ -51,11 +55,19 @@
 //! ```
 
 #![deny(unsafe_code)]
+// docs.rs marks the items that need a feature.
+#![cfg_attr(docsrs, feature(doc_cfg))]
+// Without `line-profile` the docs still name LineProfileHook, which is then absent.
+#![cfg_attr(not(feature = "line-profile"), allow(rustdoc::broken_intra_doc_links))]
 
 mod debug_print;
+#[cfg(feature = "line-profile")]
 mod line_profile;
+#[cfg(feature = "line-profile")]
 mod stack;
 
 pub use debug_print::DebugPrintHook;
+#[cfg(feature = "line-profile")]
 pub use line_profile::{humanized_size, LineProfileHook, ProfileEntry};
+#[cfg(feature = "line-profile")]
 pub use stack::StackFrame;

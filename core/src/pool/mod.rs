@@ -686,7 +686,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     }
 
     /// An identifier unique among the chunks lent at one time (CuPy's `pmem_id`, there the
-    /// Python object's id): the hooks report it for `malloc` and the matching `free`.
+    /// address of the chunk's object): the hooks report it for `malloc` and the matching `free`.
     #[must_use]
     pub fn pmem_id(&self) -> u64 {
         match &self.arena {

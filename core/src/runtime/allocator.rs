@@ -88,7 +88,7 @@ pub fn alloc<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
 ///
 /// # Errors
 ///
-/// [`Error::AllocatorInUse`] inside a `using_allocator` scope on this thread (CuPy's message).
+/// [`Error::AllocatorInUse`] while a `using_allocator` guard is alive on this thread, as CuPy.
 pub fn set_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> Result<()> {
     if B::thread_state().with(|ts| !ts.allocators.borrow().is_empty()) {
         return Err(Error::AllocatorInUse);

@@ -81,7 +81,7 @@ impl<B: Runtime> Drop for Inner<B> {
 /// let pool = MemoryPool::<Host>::new();
 /// let s = Stream::<Host>::non_blocking()?;
 /// {
-///     let _current = s.enter()?; // `with s:`
+///     let _current = s.enter()?; // s is current until `_current` drops
 ///     let p = pool.malloc(1024)?; // from s's arena
 ///     p.memset_async(7, 1024, None)?; // on s, the current stream
 ///     let done = Arc::new(AtomicUsize::new(0));
@@ -546,7 +546,7 @@ impl<B: Runtime> Stream<B> {
     ///
     /// # Errors
     ///
-    /// [`Error::CaptureInvalidated`] when an error invalidated the capture (CuPy raises too);
+    /// [`Error::CaptureInvalidated`] when an error invalidated the capture (CuPy fails too);
     /// `Unsupported` on a backend without capture; the runtime's error, for instance when the
     /// null stream is queried while a blocking stream captures.
     pub fn is_capturing(&self) -> Result<bool> {
