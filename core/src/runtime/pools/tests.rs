@@ -495,7 +495,7 @@ fn multi_thread_stress_has_no_overlap_and_counters_add_up() {
                     rng = rng.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
                     let size = 1 + (rng >> 33) as usize % (64 * 1024);
                     let _guard = (t % 2 == 0 && i % 3 == 0).then(|| private.enter().unwrap());
-                    if live.len() > 8 || (rng >> 20) % 3 == 0 {
+                    if live.len() > 8 || (rng >> 20).is_multiple_of(3) {
                         if !live.is_empty() {
                             let p = live.swap_remove((rng >> 40) as usize % live.len());
                             let mut back = vec![0u8; p.mem().size()];
