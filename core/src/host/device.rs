@@ -4,7 +4,7 @@ use crate::error::Result;
 use crate::hal::{DeviceId, DeviceOps, DeviceProperties, DevicePtr, MemInfo};
 
 use super::memory;
-use super::worker::drain_device;
+use super::worker::{drain_device, refuse_device_capture};
 use super::Host;
 
 impl DeviceOps for Host {
@@ -32,6 +32,9 @@ impl DeviceOps for Host {
     }
     fn device_synchronize(dev: DeviceId) -> Result<()> {
         memory::check_device("cuCtxSynchronize", dev)?;
+        // As CUDA: a device-wide wait while a stream of the device captures is refused, and
+        // invalidates that capture.
+        refuse_device_capture(dev, "cuCtxSynchronize")?;
         drain_device(Some(dev));
         Ok(())
     }

@@ -15,7 +15,7 @@ use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr, MemoryOps};
 
 use super::result::{err, Code};
-use super::worker::{drain_device, join_legacy};
+use super::worker::join_legacy;
 use super::{enqueue, Host, HostStream};
 
 /// The alignment of host allocations: the pool's unit, more than CUDA's 256 bytes.
@@ -140,15 +140,16 @@ impl MemoryOps for Host {
         allocate("cuMemAlloc", Some(dev), size)
     }
     unsafe fn free(dev: DeviceId, ptr: DevicePtr) -> Result<()> {
-        // As cudaFree: wait for the device's work, which may still use the memory.
-        drain_device(Some(dev));
+        // No wait here, unlike cudaFree: the contract says no queued work uses the memory, and
+        // the typed layer frees only memory its queued work no longer keeps alive. (Waiting for
+        // every stream of the device could wait for the freeing thread itself.)
         release("cuMemFree", Some(dev), ptr)
     }
     fn malloc_host(_dev: DeviceId, size: usize) -> Result<*mut u8> {
         allocate("cuMemHostAlloc", None, size).map(|p| p as *mut u8)
     }
     unsafe fn free_host(_dev: DeviceId, ptr: *mut u8) -> Result<()> {
-        drain_device(None);
+        // No wait, as for `free`.
         release("cuMemFreeHost", None, ptr as DevicePtr)
     }
     unsafe fn malloc_async(dev: DeviceId, size: usize, _stream: HostStream) -> Result<DevicePtr> {

@@ -287,6 +287,19 @@ impl Worker {
     }
 }
 
+/// Fails (invalidating the captures) when any stream of `dev` captures: what CUDA answers to a
+/// device-wide synchronisation then.
+pub(crate) fn refuse_device_capture(dev: DeviceId, api: &'static str) -> Result<()> {
+    let mut capturing = false;
+    for w in live_workers(|w| w.device == dev) {
+        capturing |= w.invalidate_capture_if_active();
+    }
+    if capturing {
+        return Err(err(api, Code::StreamCaptureUnsupported, None));
+    }
+    Ok(())
+}
+
 /// Waits until every stream of `dev` (all devices for `None`) has drained.
 pub(crate) fn drain_device(dev: Option<DeviceId>) {
     for w in live_workers(|w| dev.is_none_or(|d| w.device == d)) {

@@ -130,7 +130,13 @@ struct Shared<R: RawAllocator> {
     fenced: Mutex<Vec<Fenced<R>>>,
     /// Whether `fenced` may be non-empty: lets a miss skip the lock when nothing waits.
     any_fenced: AtomicBool,
+    /// Releases memory that the layer above holds for queued work which may have finished
+    /// (`false`), or waits for that work first (`true`); see [`Pool::set_reclaimer`].
+    reclaimer: std::sync::OnceLock<Reclaimer>,
 }
+
+/// What [`Pool::set_reclaimer`] installs.
+pub type Reclaimer = Box<dyn Fn(bool) + Send + Sync>;
 
 /// A chunk waiting for its fence before it goes back to its arena.
 struct Fenced<R: RawAllocator> {
@@ -199,6 +205,7 @@ impl<R: RawAllocator> Pool<R> {
                 peak_in_use: AtomicUsize::new(0),
                 fenced: Mutex::new(Vec::new()),
                 any_fenced: AtomicBool::new(false),
+                reclaimer: std::sync::OnceLock::new(),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -209,6 +216,20 @@ impl<R: RawAllocator> Pool<R> {
     #[must_use]
     pub fn device_id(&self) -> DeviceId {
         self.shared.device
+    }
+
+    /// Installs what the pool calls before it grows: `reclaim(false)` on a cache miss, to give
+    /// back chunks held only by finished work; `reclaim(true)` on the out-of-memory ladder's last
+    /// step, to wait for that work. The runtime releases the memory its queued operations kept.
+    /// Installed once; later calls are ignored.
+    pub fn set_reclaimer(&self, reclaim: Reclaimer) {
+        let _ = self.shared.reclaimer.set(reclaim);
+    }
+
+    fn reclaim(&self, wait: bool) {
+        if let Some(r) = self.shared.reclaimer.get() {
+            r(wait);
+        }
     }
 
     /// The raw allocator.
@@ -294,7 +315,9 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
         hooked: bool,
     ) -> Result<PooledMemory<R>> {
-        // Chunks whose fences have completed since the last look may serve this request.
+        // Chunks whose fences have completed, or that finished work no longer holds, may serve
+        // this request.
+        self.reclaim(false);
         self.collect_fenced(false);
         let arena = self.arena(key, cache);
         {
@@ -403,6 +426,7 @@ impl<R: RawAllocator> Pool<R> {
         }
         for attempt in 0..3 {
             if attempt > 0 {
+                self.reclaim(attempt == 2);
                 self.collect_fenced(attempt == 2);
                 self.free_all_blocks(None);
             }
@@ -443,6 +467,7 @@ impl<R: RawAllocator> Pool<R> {
             match result {
                 Err(e) if e.is_out_of_memory() && attempt < 2 => {
                     attempt += 1;
+                    self.reclaim(attempt == 2);
                     self.collect_fenced(attempt == 2);
                     self.free_all_blocks(None);
                 }

@@ -110,7 +110,12 @@ impl<B: Runtime> Device<B> {
     ///
     /// The runtime's error.
     pub fn synchronize(&self) -> Result<()> {
-        B::device_synchronize(self.checked()?)
+        if crate::runtime::stream::callback::in_callback() {
+            return Err(Error::NotAllowedInCallback { operation: "Device::synchronize" });
+        }
+        B::device_synchronize(self.checked()?)?;
+        crate::runtime::stream::inflight::collect::<B>();
+        crate::runtime::state::check_deferred::<B>()
     }
 
     /// Free and total memory of the device.

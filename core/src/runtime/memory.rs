@@ -71,12 +71,16 @@ impl<B: Runtime> Memory<B> {
 impl<B: Runtime> Drop for Memory<B> {
     fn drop(&mut self) {
         if self.ptr != 0 {
-            // SAFETY: `ptr` came from `B::malloc(device_id, _)` and is freed only here, once,
-            // after every queued operation that used it (queued work keeps its memory alive).
-            // The memory is gone either way; an error is kept for the next synchronize.
-            if let Err(e) = unsafe { B::free(self.device_id, self.ptr) } {
-                record_drop_error::<B>(e);
-            }
+            let (device, ptr) = (self.device_id, self.ptr);
+            crate::runtime::state::drop_outside_callbacks::<B>(move || {
+                // SAFETY: `ptr` came from `B::malloc(device, _)` and is freed only here, once,
+                // after every queued operation that used it (queued work keeps its memory
+                // alive). The memory is gone either way; an error is kept for the next
+                // synchronize.
+                if let Err(e) = unsafe { B::free(device, ptr) } {
+                    record_drop_error::<B>(e);
+                }
+            });
         }
     }
 }

@@ -7,7 +7,7 @@
 //! `MemoryPointer::copy_from_host_async` / `copy_to_host_async` take. The `EventWatcher` keeps a
 //! buffer alive until the asynchronous transfers that use it are done, as CuPy's `_EventWatcher`.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
@@ -15,11 +15,10 @@ use std::sync::{Arc, Weak};
 use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
-use crate::hal::{DeviceId, EventFlags};
+use crate::hal::DeviceId;
 use crate::runtime::device::current_device;
 use crate::runtime::pointer::Offset;
 use crate::runtime::state::{record_drop_error, Runtime};
-use crate::runtime::stream::Event;
 
 /// A block of pinned host memory of backend `B`.
 ///
@@ -67,11 +66,14 @@ impl<B: Runtime> PinnedMemory<B> {
 impl<B: Runtime> Drop for PinnedMemory<B> {
     fn drop(&mut self) {
         if !self.ptr.is_null() {
-            // SAFETY: `ptr` came from `B::malloc_host` and is freed once, here. Transfers using
-            // it hold a reference through the watcher, so none is pending.
-            if let Err(e) = unsafe { B::free_host(self.device, self.ptr) } {
-                record_drop_error::<B>(e);
-            }
+            let (device, ptr) = (self.device, self.ptr as usize);
+            crate::runtime::state::drop_outside_callbacks::<B>(move || {
+                // SAFETY: `ptr` came from `B::malloc_host` and is freed once, here. Transfers
+                // using it keep it alive (the ownership model), so none is pending.
+                if let Err(e) = unsafe { B::free_host(device, ptr as *mut u8) } {
+                    record_drop_error::<B>(e);
+                }
+            });
         }
     }
 }
@@ -175,8 +177,8 @@ impl<B: Runtime> PinnedMemoryPointer<B> {
         self.offset.check(self.mem.ptr() as usize, self.mem.size(), len, operation)
     }
 
-    /// Copies `data` into the memory at this pointer. Call it only when no asynchronous transfer
-    /// that uses these bytes is in flight (their contents would be unspecified).
+    /// Copies `data` into the memory at this pointer, after the queued transfers that use these
+    /// bytes are done (gpumem waits for them).
     ///
     /// # Errors
     ///
@@ -184,6 +186,8 @@ impl<B: Runtime> PinnedMemoryPointer<B> {
     pub fn write(&self, data: &[u8]) -> Result<()> {
         let dst = self.check(data.len(), "pinned write")? as *mut u8;
         if !data.is_empty() {
+            // Transfers still queued on these bytes finish first (they would race with this).
+            crate::runtime::stream::inflight::wait_for::<B>(&[(dst as usize, dst as usize + data.len())])?;
             // SAFETY: `dst..dst+len` was checked to lie in the live pinned allocation, which
             // `data` (a Rust borrow) cannot overlap.
             unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
@@ -191,8 +195,8 @@ impl<B: Runtime> PinnedMemoryPointer<B> {
         Ok(())
     }
 
-    /// Copies `out.len()` bytes from the memory at this pointer into `out`. Call it once the
-    /// stream has passed any transfer that writes these bytes.
+    /// Copies `out.len()` bytes from the memory at this pointer into `out`, after the queued
+    /// transfers that use these bytes are done (gpumem waits for them).
     ///
     /// # Errors
     ///
@@ -200,6 +204,8 @@ impl<B: Runtime> PinnedMemoryPointer<B> {
     pub fn read(&self, out: &mut [u8]) -> Result<()> {
         let src = self.check(out.len(), "pinned read")? as *const u8;
         if !out.is_empty() {
+            // Transfers still queued on these bytes finish first (they would race with this).
+            crate::runtime::stream::inflight::wait_for::<B>(&[(src as usize, src as usize + out.len())])?;
             // SAFETY: as in `write`, in the other direction.
             unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
         }
@@ -348,7 +354,7 @@ impl<B: Runtime> PinnedMemoryPool<B> {
     /// `OutOfMemory` when the runtime cannot pin the memory even after the cache was released;
     /// the allocator's other errors.
     pub fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
-        B::globals().watcher.check_and_release();
+        crate::runtime::stream::inflight::collect::<B>();
         if size == 0 {
             return PinnedMemoryPointer::alloc(0);
         }
@@ -370,7 +376,7 @@ impl<B: Runtime> PinnedMemoryPool<B> {
 
     /// Frees every cached buffer (buffers still lent out are unaffected).
     pub fn free_all_blocks(&self) {
-        B::globals().watcher.check_and_release();
+        crate::runtime::stream::inflight::collect::<B>();
         let released = std::mem::take(&mut *self.free.lock());
         drop(released);
     }
@@ -379,52 +385,5 @@ impl<B: Runtime> PinnedMemoryPool<B> {
     #[must_use]
     pub fn n_free_blocks(&self) -> usize {
         self.free.lock().values().map(Vec::len).sum()
-    }
-}
-
-type Watched<B> = (Event<B>, Arc<dyn PinnedBuffer<B>>);
-
-/// Keeps pinned buffers alive until the asynchronous transfers that use them are done.
-pub(crate) struct EventWatcher<B: Runtime> {
-    entries: Mutex<VecDeque<Watched<B>>>,
-}
-
-impl<B: Runtime> EventWatcher<B> {
-    pub(crate) fn new() -> Self {
-        EventWatcher { entries: Mutex::new(VecDeque::new()) }
-    }
-
-    /// Holds `buffer` until the stream has passed the work queued on it so far.
-    ///
-    /// # Safety
-    ///
-    /// `stream` is live for this call.
-    pub(crate) unsafe fn keep(
-        &self,
-        dev: DeviceId,
-        stream: B::Stream,
-        buffer: Arc<dyn PinnedBuffer<B>>,
-    ) -> Result<()> {
-        self.check_and_release();
-        let event =
-            Event::<B>::with_flags_on(dev, EventFlags { disable_timing: true, ..EventFlags::default() })?;
-        // SAFETY: the caller keeps `stream` live for this call.
-        unsafe { B::event_record(dev, event.raw(), stream) }?;
-        self.entries.lock().push_back((event, buffer));
-        Ok(())
-    }
-
-    /// Releases, oldest first, the buffers whose transfers are done; stops at the first that is
-    /// not (CuPy's `check_and_release`).
-    pub(crate) fn check_and_release(&self) {
-        let mut released = Vec::new();
-        {
-            let mut entries = self.entries.lock();
-            while entries.front().is_some_and(|(e, _)| e.done()) {
-                released.extend(entries.pop_front());
-            }
-        }
-        // Dropped outside the lock: a buffer may go back to a pool, which takes its own lock.
-        drop(released);
     }
 }

@@ -19,7 +19,7 @@ use crate::error::Error;
 use crate::hal::{Backend, DeviceId};
 use crate::pool::{ArenaCache, ArenaKey};
 use crate::runtime::allocator::Allocator;
-use crate::runtime::pinned::{EventWatcher, PinnedMemoryPool};
+use crate::runtime::pinned::PinnedMemoryPool;
 use crate::runtime::pools::MemoryPool;
 use crate::runtime::stream::Stream;
 
@@ -167,12 +167,16 @@ pub struct Globals<B: Runtime> {
     pub(crate) memory_pool: OnceLock<Arc<MemoryPool<B>>>,
     /// The default pinned memory pool (`get_default_pinned_memory_pool`).
     pub(crate) pinned_pool: OnceLock<Arc<PinnedMemoryPool<B>>>,
-    /// Keeps pinned buffers alive until the asynchronous transfers that use them are done.
-    pub(crate) watcher: EventWatcher<B>,
     /// Number of devices, read once.
     pub(crate) device_count: OnceLock<usize>,
     /// Panics caught in callbacks, by stream raw value, until that stream's next `synchronize`.
-    pub(crate) panics: parking_lot::Mutex<Vec<(usize, String)>>,
+    pub(crate) panics: parking_lot::Mutex<Vec<(ArenaKey, String)>>,
+    /// What queued work and captures keep alive (see `stream::inflight`).
+    pub(crate) inflight: crate::runtime::stream::inflight::InFlight<B>,
+    /// Drops that a callback could not do (freeing memory, destroying a handle, waiting),
+    /// done at the next `synchronize` or asynchronous operation on a user thread.
+    pub(crate) deferred_drops: parking_lot::Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    pub(crate) any_deferred_drops: std::sync::atomic::AtomicBool,
     /// The first error a `Drop` met (a failed free or destroy) since it was last reported: the
     /// next `synchronize` of a stream or device, or [`take_deferred_error`], reports it.
     pub(crate) deferred: parking_lot::Mutex<Option<Error>>,
@@ -188,9 +192,11 @@ impl<B: Runtime> Globals<B> {
             allocator: RwLock::new(None),
             memory_pool: OnceLock::new(),
             pinned_pool: OnceLock::new(),
-            watcher: EventWatcher::new(),
             device_count: OnceLock::new(),
             panics: parking_lot::Mutex::new(Vec::new()),
+            inflight: crate::runtime::stream::inflight::InFlight::new(),
+            deferred_drops: parking_lot::Mutex::new(Vec::new()),
+            any_deferred_drops: std::sync::atomic::AtomicBool::new(false),
             deferred: parking_lot::Mutex::new(None),
             any_deferred: std::sync::atomic::AtomicBool::new(false),
         }
@@ -234,6 +240,32 @@ pub fn take_deferred_error<B: Runtime>() -> Option<Error> {
     let taken = g.deferred.lock().take();
     g.any_deferred.store(false, Ordering::Release);
     taken
+}
+
+/// Runs `drop` now, or, inside a host function or callback (where the runtimes refuse the API
+/// calls a drop makes), later on a user thread: at the next `synchronize` or asynchronous
+/// operation.
+pub(crate) fn drop_outside_callbacks<B: Runtime>(drop: impl FnOnce() + Send + 'static) {
+    if crate::runtime::stream::callback::in_callback() {
+        let g = B::globals();
+        g.deferred_drops.lock().push(Box::new(drop));
+        g.any_deferred_drops.store(true, Ordering::Release);
+    } else {
+        drop();
+    }
+}
+
+/// Runs the drops deferred from callbacks.
+pub(crate) fn run_deferred<B: Runtime>() {
+    let g = B::globals();
+    if !g.any_deferred_drops.load(Ordering::Acquire) {
+        return;
+    }
+    let drops = std::mem::take(&mut *g.deferred_drops.lock());
+    g.any_deferred_drops.store(false, Ordering::Release);
+    for d in drops {
+        d();
+    }
 }
 
 /// `Err` with the deferred error of `B`, if one is waiting.

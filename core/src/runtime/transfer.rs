@@ -11,6 +11,9 @@ use crate::hal::{CaptureStatus, DeviceId, DevicePtr};
 use crate::runtime::pinned::PinnedMemoryPointer;
 use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::state::Runtime;
+use std::sync::Arc;
+
+use crate::runtime::stream::inflight::{self, Keep, Range, Target};
 use crate::runtime::stream::{self, Stream};
 
 const SYNC_WHILE_CAPTURING: &str = "the current stream is capturing, so synchronous API calls are disallowed";
@@ -76,6 +79,49 @@ fn refuse_while_capturing<B: Runtime>(stream: Option<&Stream<B>>, message: &'sta
     }
 }
 
+/// The range of `len` bytes at `start`.
+fn span(start: usize, len: usize) -> Range {
+    (start, start.saturating_add(len))
+}
+
+/// What an operation through `p` keeps alive: its memory object.
+fn keep_of<B: Runtime>(p: &MemoryPointer<B>) -> Keep {
+    Arc::new(Arc::clone(p.mem()))
+}
+
+/// What an operation through `p` keeps alive: its pinned buffer.
+fn keep_pinned<B: Runtime>(p: &PinnedMemoryPointer<B>) -> Keep {
+    Arc::new(p.buffer())
+}
+
+/// Queues `op` on `stream` (or the current stream): ordered after queued work of other streams on
+/// the same bytes, and keeping `keeps` alive until the stream has passed it.
+fn queue<B: Runtime>(
+    stream: Option<&Stream<B>>,
+    ranges: Vec<Range>,
+    keeps: Vec<Keep>,
+    op: impl FnOnce(&Target<B>) -> Result<()>,
+) -> Result<()> {
+    let target = stream::target::<B>(stream);
+    // SAFETY: the handle `target` gave is live for this call.
+    let queueing = unsafe { inflight::begin(target, &ranges) }?;
+    op(&target)?;
+    queueing.keep(keeps, ranges)
+}
+
+/// Refuses an asynchronous operation on `p`'s memory queued on a stream of another device, as
+/// the runtimes do (streams valid on any device run in the current device, and are not checked).
+fn check_stream_device<B: Runtime>(p: &MemoryPointer<B>, stream: Option<&Stream<B>>) -> Result<()> {
+    let stream_device = match stream {
+        Some(s) => s.device_id(),
+        None => Stream::<B>::current().device_id(),
+    };
+    match stream_device {
+        Some(d) if d != p.device_id() => Err(Error::WrongDevice { what: "memory", expected: d, found: p.device_id() }),
+        _ => Ok(()),
+    }
+}
+
 fn check_host_len(len: usize, size: usize, operation: &'static str) -> Result<()> {
     if size > len {
         return Err(Error::OutOfBounds { operation, offset: 0, len: size, size: len });
@@ -115,17 +161,18 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
+        inflight::wait_for::<B>(&[span(dst_ptr, size), span(src_ptr, size)])?;
         // SAFETY: both ranges were checked against live memory objects of `B` that `self` and
-        // `src` keep alive for the duration of this synchronous call; they do not overlap.
+        // `src` keep alive for the duration of this synchronous call; they do not overlap, and no
+        // queued operation touches them any more.
         unsafe { B::memcpy(self.device_id(), dst_ptr, src_ptr, size) }
     }
 
     /// Copies `size` bytes from device memory `src` to this pointer, ordered on `stream` (or the
     /// current stream).
     ///
-    /// The caller keeps `src` and `self` alive until the stream reaches the copy (a pool's memory
-    /// is reused on the stream it was allocated on, so dropping it after queueing stream-ordered
-    /// work on that same stream is safe).
+    /// The copy keeps both memory objects alive until the stream has passed it, and is ordered
+    /// after queued work of other streams on the same bytes.
     ///
     /// # Errors
     ///
@@ -141,10 +188,12 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
-        let (handle, dev, _) = stream::resolve::<B>(stream);
-        // SAFETY: both ranges were checked against live memory of `B`; the caller keeps it alive
-        // until the stream reaches the copy (documented above).
-        unsafe { B::memcpy_async(dev, dst_ptr, src_ptr, size, handle) }
+        let ranges = vec![span(dst_ptr, size), span(src_ptr, size)];
+        queue(stream, ranges, vec![keep_of(self), keep_of(src)], |t| {
+            // SAFETY: both ranges were checked against live memory of `B`, which the queue keeps
+            // alive until the stream has passed the copy.
+            unsafe { B::memcpy_async(t.device, dst_ptr, src_ptr, size, t.handle) }
+        })
     }
 
     fn device_ranges(
@@ -187,7 +236,9 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        // SAFETY: the device range was checked; the host range is the caller's promise.
+        inflight::wait_for::<B>(&[span(dst, size)])?;
+        // SAFETY: the device range was checked and no queued operation touches it any more; the
+        // host range is the caller's promise.
         unsafe { B::memcpy(self.device_id(), dst, src as DevicePtr, size) }
     }
 
@@ -211,13 +262,12 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        let (handle, dev, _) = stream::resolve::<B>(stream);
-        // SAFETY: the device range was checked against live memory the caller keeps alive until
-        // the stream reaches the copy; the pinned range was checked, and the watcher keeps it
-        // alive until then.
-        unsafe { B::memcpy_async(dev, dst, host as DevicePtr, size, handle)? };
-        // SAFETY: the handle `resolve` gave is live for this call.
-        unsafe { B::globals().watcher.keep(dev, handle, src.buffer()) }
+        let ranges = vec![span(dst, size), span(host, size)];
+        queue(stream, ranges, vec![keep_of(self), keep_pinned(src)], |t| {
+            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
+            // until the stream has passed the copy.
+            unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from a raw host address, ordered on `stream` (or the current stream).
@@ -241,9 +291,11 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        let (handle, dev, _) = stream::resolve::<B>(stream);
-        // SAFETY: the device range was checked; the host range is the caller's promise.
-        unsafe { B::memcpy_async(dev, dst, src as DevicePtr, size, handle) }
+        queue(stream, vec![span(dst, size)], vec![keep_of(self)], |t| {
+            // SAFETY: the device range was checked and is kept alive by the queue; the host range
+            // is the caller's promise.
+            unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from this pointer into `dst` (pageable host memory), on the legacy
@@ -274,7 +326,9 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        // SAFETY: the device range was checked; the host range is the caller's promise.
+        inflight::wait_for::<B>(&[span(src, size)])?;
+        // SAFETY: the device range was checked and no queued operation touches it any more; the
+        // host range is the caller's promise.
         unsafe { B::memcpy(self.device_id(), dst as DevicePtr, src, size) }
     }
 
@@ -297,12 +351,12 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        let (handle, dev, _) = stream::resolve::<B>(stream);
-        // SAFETY: both ranges were checked; the watcher keeps the pinned memory alive until the
-        // stream has passed the copy, and the caller keeps the device memory alive.
-        unsafe { B::memcpy_async(dev, host as DevicePtr, src, size, handle)? };
-        // SAFETY: the handle `resolve` gave is live for this call.
-        unsafe { B::globals().watcher.keep(dev, handle, dst.buffer()) }
+        let ranges = vec![span(src, size), span(host, size)];
+        queue(stream, ranges, vec![keep_of(self), keep_pinned(dst)], |t| {
+            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
+            // until the stream has passed the copy.
+            unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from this pointer to a raw host address, ordered on `stream`.
@@ -326,9 +380,11 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        let (handle, dev, _) = stream::resolve::<B>(stream);
-        // SAFETY: the device range was checked; the host range is the caller's promise.
-        unsafe { B::memcpy_async(dev, dst as DevicePtr, src, size, handle) }
+        queue(stream, vec![span(src, size)], vec![keep_of(self)], |t| {
+            // SAFETY: the device range was checked and is kept alive by the queue; the host range
+            // is the caller's promise.
+            unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from device or host memory, choosing [`copy_from_device`] or
@@ -385,24 +441,42 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        // SAFETY: the range was checked against live memory of `B`.
+        inflight::wait_for::<B>(&[span(dst, size)])?;
+        // SAFETY: the range was checked against live memory of `B`, and no queued operation
+        // touches it any more.
         unsafe { B::memset(self.device_id(), dst, value, size) }
     }
 
     /// Sets `size` bytes from this pointer to `value`, ordered on `stream` (or the current
-    /// stream). Capturable.
+    /// stream). Capturable. The memset keeps the memory alive until the stream has passed it.
     ///
     /// # Errors
     ///
-    /// `OutOfBounds`; the runtime's error.
+    /// `OutOfBounds`; `WrongDevice` for a stream of another device; the runtime's error.
     pub fn memset_async(&self, value: u8, size: usize, stream: Option<&Stream<B>>) -> Result<()> {
         let dst = self.check(size, "memset_async")?;
         if size == 0 {
             return Ok(());
         }
-        let (handle, dev, _) = stream::resolve::<B>(stream);
-        // SAFETY: the range was checked; the caller keeps the memory alive until the stream
-        // reaches the memset.
-        unsafe { B::memset_async(dev, dst, value, size, handle) }
+        check_stream_device(self, stream)?;
+        queue(stream, vec![span(dst, size)], vec![keep_of(self)], |t| {
+            // SAFETY: the range was checked and the queue keeps the memory alive until the
+            // stream has passed the memset.
+            unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
+        })
+    }
+
+    /// Keeps this pointer's memory alive until `stream` has passed the work queued on it so far:
+    /// for work gpumem cannot see, such as a kernel of the program's own that was given
+    /// [`ptr`](Self::ptr). Call it after queueing that work (PyTorch's `record_stream` notes the
+    /// stream instead and waits at the free; the effect is the same).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error recording the event.
+    pub fn record_stream(&self, stream: &Stream<B>) -> Result<()> {
+        let start = self.mem().ptr();
+        let range = span(start, self.mem().size());
+        queue(Some(stream), vec![range], vec![keep_of(self)], |_| Ok(()))
     }
 }

@@ -144,6 +144,15 @@ where
     /// As [`SingleDeviceMemoryPool::new`].
     pub fn with_allocator(device: DeviceId, allocator: A) -> Result<Self> {
         let pool = SingleDeviceMemoryPool { pool: Pool::new(device, allocator), _backend: PhantomData };
+        // Memory that queued work kept alive goes back once that work is done: looked at before
+        // the pool grows, and waited for before it gives up.
+        pool.pool.set_reclaimer(Box::new(|wait| {
+            if wait {
+                crate::runtime::stream::inflight::wait_all::<B>();
+            } else {
+                crate::runtime::stream::inflight::collect::<B>();
+            }
+        }));
         if let Some(limit) = Limit::from_env()? {
             pool.set_limit(limit)?;
         }

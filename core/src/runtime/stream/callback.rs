@@ -6,31 +6,59 @@
 
 #![allow(unsafe_code)]
 
+use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use parking_lot::Mutex;
 
+use crate::pool::ArenaKey;
 use crate::runtime::state::Runtime;
+
+thread_local! {
+    /// Whether this thread is running a host function or stream callback now.
+    static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is inside a host function or stream callback, where the runtimes
+/// refuse API calls: what would free memory, destroy a handle or wait is deferred or refused.
+pub(crate) fn in_callback() -> bool {
+    IN_CALLBACK.try_with(Cell::get).unwrap_or(0) > 0
+}
+
+/// Runs `f` marked as inside a callback.
+fn as_callback<T>(f: impl FnOnce() -> T) -> T {
+    struct Unmark;
+    impl Drop for Unmark {
+        fn drop(&mut self) {
+            let _ = IN_CALLBACK.try_with(|c| c.set(c.get().saturating_sub(1)));
+        }
+    }
+    let _ = IN_CALLBACK.try_with(|c| c.set(c.get() + 1));
+    let _unmark = Unmark;
+    f()
+}
 
 /// A host function and what it needs to report a panic.
 pub(crate) struct HostFnData {
     func: Mutex<Box<dyn FnMut() + Send>>,
-    /// Where a panic goes: the backend's record, under this stream's raw value.
-    report: fn(usize, String),
-    stream: usize,
+    /// Where a panic goes: the backend's record, under this stream's identity.
+    report: fn(ArenaKey, String),
+    stream: ArenaKey,
 }
 
 impl HostFnData {
-    pub(crate) fn new<B: Runtime>(stream: usize, func: Box<dyn FnMut() + Send>) -> Self {
+    pub(crate) fn new<B: Runtime>(stream: ArenaKey, func: Box<dyn FnMut() + Send>) -> Self {
         HostFnData { func: Mutex::new(func), report: record_panic::<B>, stream }
     }
 
     fn run(&self) {
-        let outcome = catch_unwind(AssertUnwindSafe(|| (self.func.lock())()));
-        if let Err(payload) = outcome {
-            (self.report)(self.stream, panic_message(payload.as_ref()));
-        }
+        as_callback(|| {
+            let outcome = catch_unwind(AssertUnwindSafe(|| (self.func.lock())()));
+            if let Err(payload) = outcome {
+                (self.report)(self.stream, panic_message_and_drop(payload));
+            }
+        });
     }
 }
 
@@ -56,19 +84,31 @@ pub(crate) unsafe extern "C" fn shared_trampoline(data: *mut c_void) {
     data.run();
 }
 
-/// Runs `f`, catching a panic and recording it for `stream` of backend `B`.
-pub(crate) fn catch<B: Runtime>(stream: usize, f: impl FnOnce()) {
-    if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
-        record_panic::<B>(stream, panic_message(payload.as_ref()));
-    }
+/// Runs `f` as a callback, catching a panic and recording it for `stream` of backend `B`.
+pub(crate) fn catch<B: Runtime>(stream: ArenaKey, f: impl FnOnce()) {
+    as_callback(|| {
+        if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
+            record_panic::<B>(stream, panic_message_and_drop(payload));
+        }
+    });
 }
 
-fn record_panic<B: Runtime>(stream: usize, message: String) {
+fn record_panic<B: Runtime>(stream: ArenaKey, message: String) {
     B::globals().panics.lock().push((stream, message));
 }
 
+/// The panic's message; the payload is dropped here, and a payload whose `Drop` panics in turn
+/// is caught too (and its own payload leaked), so nothing unwinds into the runtime.
+fn panic_message_and_drop(payload: Box<dyn std::any::Any + Send>) -> String {
+    let message = panic_message(payload.as_ref());
+    if let Err(second) = catch_unwind(AssertUnwindSafe(move || drop(payload))) {
+        std::mem::forget(second);
+    }
+    message
+}
+
 /// Takes the oldest panic recorded for `stream`, if any.
-pub(crate) fn take_panic<B: Runtime>(stream: usize) -> Option<String> {
+pub(crate) fn take_panic<B: Runtime>(stream: ArenaKey) -> Option<String> {
     let mut panics = B::globals().panics.lock();
     let i = panics.iter().position(|(s, _)| *s == stream)?;
     Some(panics.remove(i).1)

@@ -18,8 +18,13 @@ struct Inner<B: Runtime> {
 impl<B: Runtime> Drop for Inner<B> {
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
-            // An error cannot be reported from `drop`; the event is gone either way.
-            let _ = B::event_destroy(self.device, raw);
+            let device = self.device;
+            crate::runtime::state::drop_outside_callbacks::<B>(move || {
+                // The event is gone either way; an error is kept for the next synchronize.
+                if let Err(e) = B::event_destroy(device, raw) {
+                    crate::runtime::state::record_drop_error::<B>(e);
+                }
+            });
         }
     }
 }
@@ -110,6 +115,10 @@ impl<B: Runtime> Event<B> {
     /// The runtime's error.
     pub fn record(&self, stream: Option<&Stream<B>>) -> Result<()> {
         let (handle, dev, _) = stream::resolve::<B>(stream);
+        if dev != self.inner.device {
+            // The runtimes refuse an event of one device recorded on a stream of another.
+            return Err(Error::WrongDevice { what: "event", expected: dev, found: self.inner.device });
+        }
         // SAFETY: the handle `resolve` gave is live for this call (the stream given, or the
         // thread's current stream, which its state holds).
         unsafe { B::event_record(dev, self.raw(), handle) }

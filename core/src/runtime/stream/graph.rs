@@ -3,21 +3,21 @@
 use std::fmt;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use crate::error::Result;
-use crate::hal::{DeviceId, EventFlags};
+use crate::hal::DeviceId;
 use crate::runtime::state::Runtime;
-use crate::runtime::stream::callback::HostFnData;
-use crate::runtime::stream::event::Event;
+use crate::runtime::stream::inflight::{self, CaptureRecord};
 use crate::runtime::stream::{self, Stream};
 
 /// An instantiated graph, made by [`Stream::end_capture`]: CuPy's `cupy.cuda.Graph`. It cannot
 /// be built any other way.
 ///
-/// The graph owns the host functions captured into it. While it has any, each launch records an
-/// event behind itself, and dropping the graph waits for those events before it frees the
-/// functions, so a replay still queued never calls freed data.
+/// The graph owns what its captured work touches: the memory, pinned buffers and host functions
+/// of the operations captured into it. Each launch keeps them alive until it is done, so a graph
+/// may be dropped while replays are queued, and memory dropped by the program after capture is
+/// not freed or lent again while the graph can still write it. Memory a capture allocates and
+/// frees is held the same way, until the graph is dropped; gpumem does not lend it again within
+/// the graph's replays (PyTorch's private graph pools do), which costs memory, not safety.
 ///
 /// ```
 /// use gpumem_core::host::Host;
@@ -39,27 +39,35 @@ use crate::runtime::stream::{self, Stream};
 pub struct Graph<B: Runtime> {
     raw: Option<B::Graph>,
     device: DeviceId,
-    host_fns: Vec<Arc<HostFnData>>,
-    /// One event per stream the graph was launched on, recorded behind the last launch there.
-    launches: Mutex<Vec<(usize, Event<B>)>>,
+    /// What the captured work touches and calls: its memory, pinned buffers and host functions.
+    /// Each launch keeps it alive until the launch is done, and a capture the graph is launched
+    /// into keeps it for the outer graph, so dropping this graph never frees what a queued replay
+    /// can reach.
+    parts: Arc<GraphParts>,
+}
+
+/// What a graph's work reaches, shared with its queued launches.
+pub(crate) struct GraphParts {
+    record: CaptureRecord,
 }
 
 impl<B: Runtime> fmt::Debug for Graph<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Graph")
             .field("device", &self.device)
-            .field("host_functions", &self.host_fns.len())
+            .field("host_functions", &self.parts.record.host_fns.len())
+            .field("kept", &self.parts.record.keeps.len())
             .finish_non_exhaustive()
     }
 }
 
 impl<B: Runtime> Graph<B> {
-    pub(crate) fn new(raw: B::Graph, device: DeviceId, host_fns: Vec<Arc<HostFnData>>) -> Self {
-        Graph { raw: Some(raw), device, host_fns, launches: Mutex::new(Vec::new()) }
+    pub(crate) fn new(raw: B::Graph, device: DeviceId, record: CaptureRecord) -> Self {
+        Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record }) }
     }
 
     fn raw(&self) -> &B::Graph {
-        self.raw.as_ref().expect("graph handle is present until drop")
+        self.raw.as_ref().unwrap_or_else(|| unreachable!("the graph handle is present until drop"))
     }
 
     /// The device the graph was captured on.
@@ -68,30 +76,20 @@ impl<B: Runtime> Graph<B> {
         self.device
     }
 
-    /// Launches the graph on `stream`, or on the current stream for `None`.
+    /// Launches the graph on `stream`, or on the current stream for `None`. The launch keeps the
+    /// graph's memory and host functions alive until it is done.
     ///
     /// # Errors
     ///
     /// `Unsupported` on a backend without graphs; the runtime's error.
     pub fn launch(&self, stream: Option<&Stream<B>>) -> Result<()> {
-        let (handle, dev, ptr) = stream::resolve::<B>(stream);
-        // SAFETY: the handle `resolve` gave is live for this call (the stream given, or the
-        // thread's current stream, which its state holds).
-        unsafe { B::graph_launch(dev, self.raw(), handle) }?;
-        if !self.host_fns.is_empty() {
-            let mut launches = self.launches.lock();
-            let event = match launches.iter().find(|(s, _)| *s == ptr) {
-                Some((_, e)) => e.clone(),
-                None => {
-                    let e = Event::with_flags(EventFlags { disable_timing: true, ..EventFlags::default() })?;
-                    launches.push((ptr, e.clone()));
-                    e
-                }
-            };
-            // SAFETY: as for the launch above.
-            unsafe { B::event_record(dev, event.raw(), handle) }?;
-        }
-        Ok(())
+        let target = stream::target::<B>(stream);
+        let ranges = &self.parts.record.ranges;
+        // SAFETY: the handle `target` gave is live for this call.
+        let queueing = unsafe { inflight::begin(target, ranges) }?;
+        // SAFETY: as above.
+        unsafe { B::graph_launch(target.device, self.raw(), target.handle) }?;
+        queueing.keep(vec![Arc::clone(&self.parts) as inflight::Keep], ranges.clone())
     }
 
     /// Uploads the graph to the device ahead of its first launch, ordered on `stream` (or the
@@ -109,13 +107,15 @@ impl<B: Runtime> Graph<B> {
 
 impl<B: Runtime> Drop for Graph<B> {
     fn drop(&mut self) {
-        for (_, event) in self.launches.get_mut().drain(..) {
-            // Replays still queued may call the host functions: wait for them first. A failed
-            // wait (device lost) leaves nothing better to do than go on.
-            let _ = event.synchronize();
-        }
+        // Launches already queued still run after the destroy (the contract), and each keeps the
+        // graph's parts alive until it is done: nothing here waits.
         if let Some(raw) = self.raw.take() {
-            let _ = B::graph_destroy(self.device, raw);
+            let device = self.device;
+            crate::runtime::state::drop_outside_callbacks::<B>(move || {
+                if let Err(e) = B::graph_destroy(device, raw) {
+                    crate::runtime::state::record_drop_error::<B>(e);
+                }
+            });
         }
     }
 }

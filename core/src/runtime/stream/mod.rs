@@ -7,8 +7,6 @@ use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
 
-use parking_lot::Mutex;
-
 use crate::error::{Error, Result};
 use crate::hal::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
 use crate::pool::ArenaKey;
@@ -18,6 +16,7 @@ use crate::runtime::state::{per_thread_arena_key, per_thread_default_stream, Run
 pub(crate) mod callback;
 pub mod event;
 pub mod graph;
+pub(crate) mod inflight;
 
 use callback::HostFnData;
 pub use event::Event;
@@ -44,9 +43,6 @@ struct Inner<B: Runtime> {
     handle: B::Stream,
     device_id: Option<DeviceId>,
     kind: Kind,
-    /// Host functions launched while this stream captured; `end_capture` moves them into the
-    /// graph, which keeps them alive for every replay.
-    captured: Mutex<Vec<Arc<HostFnData>>>,
     /// Keeps the owner of a foreign handle alive (`Stream::from_external`).
     _owner: Option<Arc<dyn Any + Send + Sync>>,
 }
@@ -54,11 +50,16 @@ struct Inner<B: Runtime> {
 impl<B: Runtime> Drop for Inner<B> {
     fn drop(&mut self) {
         if self.kind == Kind::Owned {
-            let dev = self.device_id.unwrap_or(0);
-            // SAFETY: an owned handle came from `B::stream_create` and this is its only destroy:
-            // `Inner` is shared through an `Arc` and this runs once, when the last clone goes.
-            // An error cannot be reported from `drop`; the stream is gone either way.
-            let _ = unsafe { B::stream_destroy(dev, self.handle) };
+            let (dev, handle) = (self.device_id.unwrap_or(0), self.handle);
+            crate::runtime::state::drop_outside_callbacks::<B>(move || {
+                // SAFETY: an owned handle came from `B::stream_create` and this is its only
+                // destroy: `Inner` is shared through an `Arc` and this runs once, when the last
+                // clone goes. The stream is gone either way; an error is kept for the next
+                // synchronize.
+                if let Err(e) = unsafe { B::stream_destroy(dev, handle) } {
+                    crate::runtime::state::record_drop_error::<B>(e);
+                }
+            });
         }
     }
 }
@@ -145,7 +146,6 @@ impl<B: Runtime> Stream<B> {
                 handle,
                 device_id,
                 kind,
-                captured: Mutex::new(Vec::new()),
                 _owner: owner,
             }),
         }
@@ -349,10 +349,14 @@ impl<B: Runtime> Stream<B> {
     /// The runtime's error (a capturing stream cannot be synchronised), or
     /// [`Error::CallbackPanicked`].
     pub fn synchronize(&self) -> Result<()> {
+        if callback::in_callback() {
+            return Err(Error::NotAllowedInCallback { operation: "Stream::synchronize" });
+        }
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
         unsafe { B::stream_synchronize(self.run_device(), self.inner.handle) }?;
+        inflight::stream_done::<B>(self.arena_key());
         crate::runtime::state::check_deferred::<B>()?;
-        match callback::take_panic::<B>(self.ptr()) {
+        match callback::take_panic::<B>(self.arena_key()) {
             Some(message) => Err(Error::CallbackPanicked(message)),
             None => Ok(()),
         }
@@ -399,13 +403,13 @@ impl<B: Runtime> Stream<B> {
     where
         F: FnOnce(&Stream<B>, Result<()>) + Send + 'static,
     {
-        let view = (self.inner.handle, self.inner.device_id);
-        let raw = self.ptr();
+        // The callback gets a clone of this stream, so a clone kept past the callback keeps the
+        // stream alive; a last clone dropped inside the callback is destroyed afterwards, on a
+        // user thread.
+        let stream = self.clone();
+        let identity = self.arena_key();
         let wrapped: crate::hal::StreamCallback = Box::new(move |status: Result<()>| {
-            callback::catch::<B>(raw, move || {
-                let stream = Stream::<B>::from_parts(view.0, view.1, Kind::External, None);
-                callback(&stream, status);
-            });
+            callback::catch::<B>(identity, move || callback(&stream, status));
         });
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
         unsafe { B::add_callback(self.run_device(), self.inner.handle, wrapped) }
@@ -426,18 +430,25 @@ impl<B: Runtime> Stream<B> {
         F: FnMut() + Send + 'static,
     {
         let dev = self.run_device();
-        // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
-        let capturing = B::CAPS.capture
-            && matches!(unsafe { B::capture_status(dev, self.inner.handle) }, Ok(CaptureStatus::Active));
-        let data = HostFnData::new::<B>(self.ptr(), Box::new(func));
-        if capturing {
-            let data = Arc::new(data);
-            let ptr = Arc::as_ptr(&data).cast_mut().cast::<c_void>();
-            // SAFETY: the trampoline borrows `data` without taking ownership; `data` is kept in
-            // `captured`, then in the graph, for as long as the graph can run it.
-            unsafe { B::launch_host_func(dev, self.inner.handle, callback::shared_trampoline, ptr)? };
-            self.inner.captured.lock().push(data);
-        } else {
+        let target = inflight::Target { handle: self.inner.handle, device: dev, identity: self.arena_key() };
+        let data = HostFnData::new::<B>(target.identity, Box::new(func));
+        // Under the capture lock: a concurrent `begin_capture` cannot come between the decision
+        // and the launch (a run-once function captured into a graph would be freed by its first
+        // replay).
+        inflight::with_capture_of::<B, ()>(target, |record, capturing| {
+            if capturing {
+                let data = Arc::new(data);
+                let ptr = Arc::as_ptr(&data).cast_mut().cast::<c_void>();
+                // SAFETY: the trampoline borrows `data` without taking ownership; `data` is kept by
+                // the capture record, then by its graph, for as long as the graph can run it (or,
+                // in a capture gpumem did not begin, for good).
+                unsafe { B::launch_host_func(dev, self.inner.handle, callback::shared_trampoline, ptr)? };
+                match record {
+                    Some(record) => record.host_fns.push(data),
+                    None => inflight::keep_forever::<B>(data),
+                }
+                return Ok(());
+            }
             let ptr = Box::into_raw(Box::new(data)).cast::<c_void>();
             // SAFETY: the trampoline takes ownership of the box and runs once.
             let launched =
@@ -447,8 +458,8 @@ impl<B: Runtime> Stream<B> {
                 drop(unsafe { Box::from_raw(ptr.cast::<HostFnData>()) });
                 return Err(e);
             }
-        }
-        Ok(())
+            Ok(())
+        })
     }
 
     /// Makes this stream the current stream of its device (or of the current device, for streams
@@ -516,12 +527,12 @@ impl<B: Runtime> Stream<B> {
             return Err(Error::CaptureOnDefaultStream);
         }
         if !B::CAPS.capture {
-            return Err(Error::Unsupported { operation: "stream capture", backend: B::NAME });
+            return Err(Error::Unsupported { operation: "begin_capture", backend: B::NAME });
         }
-        // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
-        unsafe { B::begin_capture(self.run_device(), self.inner.handle, mode.unwrap_or_default()) }?;
-        self.inner.captured.lock().clear();
-        Ok(())
+        inflight::begin_capture::<B>(self.arena_key(), || {
+            // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
+            unsafe { B::begin_capture(self.run_device(), self.inner.handle, mode.unwrap_or_default()) }
+        })
     }
 
     /// Ends the capture and returns the instantiated graph, which owns the host functions
@@ -532,14 +543,15 @@ impl<B: Runtime> Stream<B> {
     /// `Unsupported` on a backend without capture; the runtime's error (not capturing, capture
     /// invalidated, work of other streams not joined back).
     pub fn end_capture(&self) -> Result<Graph<B>> {
-        let host_fns = std::mem::take(&mut *self.inner.captured.lock());
         let dev = self.run_device();
         if !B::CAPS.capture {
-            return Err(Error::Unsupported { operation: "stream capture", backend: B::NAME });
+            return Err(Error::Unsupported { operation: "end_capture", backend: B::NAME });
         }
-        // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
-        let raw = unsafe { B::end_capture(dev, self.inner.handle) }?;
-        Ok(Graph::new(raw, dev, host_fns))
+        let (raw, record) = inflight::end_capture::<B, _>(self.arena_key(), || {
+            // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
+            unsafe { B::end_capture(dev, self.inner.handle) }
+        })?;
+        Ok(Graph::new(raw, dev, record))
     }
 
     /// Whether the stream is capturing.
@@ -551,7 +563,7 @@ impl<B: Runtime> Stream<B> {
     /// null stream is queried while a blocking stream captures.
     pub fn is_capturing(&self) -> Result<bool> {
         if !B::CAPS.capture {
-            return Ok(false);
+            return Err(Error::Unsupported { operation: "capture_status", backend: B::NAME });
         }
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
         match unsafe { B::capture_status(self.run_device(), self.inner.handle) }? {
@@ -641,6 +653,16 @@ impl<B: Runtime> From<ExternalStream<B>> for Stream<B> {
     fn from(s: ExternalStream<B>) -> Self {
         s.0
     }
+}
+
+/// The stream an operation runs on, as the ownership model names it (see [`inflight::Target`]).
+pub(crate) fn target<B: Runtime>(stream: Option<&Stream<B>>) -> inflight::Target<B> {
+    let (handle, device, raw) = resolve::<B>(stream);
+    let identity = match raw {
+        PER_THREAD_STREAM_PTR => per_thread_arena_key(),
+        raw => ArenaKey::stream(raw),
+    };
+    inflight::Target { handle, device, identity }
 }
 
 /// The stream an operation runs on: the one given, or the current one; and the device to run it

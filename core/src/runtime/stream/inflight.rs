@@ -1,0 +1,367 @@
+//! What queued work and captured graphs keep alive: gpumem's ownership model.
+//!
+//! Every asynchronous operation the typed layer queues keeps alive what it touches (the memory
+//! behind a [`MemoryPointer`](crate::MemoryPointer), a pinned buffer) until its stream has passed
+//! it: the operation's [`Keep`]s go into an entry with an event recorded behind the operation, and
+//! the entry is released once the event has completed (seen by [`collect`], which runs on every
+//! asynchronous operation, every `synchronize`, and before the pool grows). While a stream
+//! captures, the operation's keeps go to the capture instead, and then to its
+//! [`Graph`](crate::Graph), which holds them until it is dropped (after its queued replays). So
+//! dropping the last user-visible handle never frees, or lends again, bytes that queued work or a
+//! live graph can still reach.
+//!
+//! Each entry also records the byte ranges the operation touches. A synchronous operation waits
+//! for the queued operations on overlapping bytes first, and an asynchronous one on another
+//! stream is ordered after them (the stream waits for their event), so two accesses to the same
+//! bytes through gpumem never race: gpumem adds this ordering where CuPy leaves it to the
+//! program. Memory reached only through raw addresses (a kernel of the program's own) is kept
+//! with [`MemoryPointer::record_stream`](crate::MemoryPointer::record_stream).
+//!
+//! A capture that gpumem did not begin (a foreign library's, or a stream that joined a gpumem
+//! capture through an event) cannot hand what it keeps to a graph gpumem knows: those keeps are
+//! held until the process ends (safe, at the price of the memory).
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+
+use crate::error::Result;
+use crate::hal::{CaptureStatus, DeviceId, EventFlags};
+use crate::pool::ArenaKey;
+use crate::runtime::state::Runtime;
+use crate::runtime::stream::callback::HostFnData;
+use crate::runtime::stream::event::Event;
+
+/// Something queued work keeps alive until it is done.
+pub(crate) type Keep = Arc<dyn Any + Send + Sync>;
+
+/// A byte range `[start, end)` an operation touches.
+pub(crate) type Range = (usize, usize);
+
+/// The stream an operation is queued on: its handle, the device it runs in, and its identity
+/// (its arena key: per-thread default streams differ per thread).
+#[derive(Debug)]
+pub(crate) struct Target<B: Runtime> {
+    pub(crate) handle: B::Stream,
+    pub(crate) device: DeviceId,
+    pub(crate) identity: ArenaKey,
+}
+
+impl<B: Runtime> Clone for Target<B> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<B: Runtime> Copy for Target<B> {}
+
+struct Entry<B: Runtime> {
+    stream: ArenaKey,
+    event: Event<B>,
+    keeps: Vec<Keep>,
+    ranges: Vec<Range>,
+}
+
+/// What a capture begun by gpumem collects for its graph.
+#[derive(Default)]
+pub(crate) struct CaptureRecord {
+    pub(crate) keeps: Vec<Keep>,
+    pub(crate) host_fns: Vec<Arc<HostFnData>>,
+    pub(crate) ranges: Vec<Range>,
+}
+
+/// The per-backend state of the ownership model (in the backend's globals).
+pub(crate) struct InFlight<B: Runtime> {
+    entries: Mutex<Vec<Entry<B>>>,
+    n_entries: AtomicUsize,
+    spare: Mutex<Vec<Event<B>>>,
+    /// The captures gpumem began, by stream identity. Asynchronous operations take the read lock
+    /// while they queue and keep, `begin_capture`/`end_capture` the write lock, so an operation
+    /// is kept by the capture it was captured into, never by an event recorded inside it.
+    captures: RwLock<HashMap<ArenaKey, Mutex<CaptureRecord>>>,
+    n_captures: AtomicUsize,
+    /// Keeps of captures gpumem did not begin: held for good.
+    orphans: Mutex<Vec<Keep>>,
+}
+
+impl<B: Runtime> InFlight<B> {
+    pub(crate) fn new() -> Self {
+        InFlight {
+            entries: Mutex::new(Vec::new()),
+            n_entries: AtomicUsize::new(0),
+            spare: Mutex::new(Vec::new()),
+            captures: RwLock::new(HashMap::new()),
+            n_captures: AtomicUsize::new(0),
+            orphans: Mutex::new(Vec::new()),
+        }
+    }
+}
+
+fn overlaps(a: Range, b: Range) -> bool {
+    a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1
+}
+
+/// An asynchronous operation being queued: holds the capture registry's read lock from before
+/// the operation is queued until what it touches is kept.
+pub(crate) struct Queueing<'a, B: Runtime> {
+    target: Target<B>,
+    captures: Option<RwLockReadGuard<'a, HashMap<ArenaKey, Mutex<CaptureRecord>>>>,
+    /// The stream is capturing (gpumem's capture or a foreign one).
+    capturing: bool,
+}
+
+/// Prepares an asynchronous operation on `target` touching `ranges`: takes the capture lock, and
+/// orders the stream after queued operations of other streams on overlapping bytes.
+///
+/// # Safety
+///
+/// `target.handle` is live for as long as the returned value.
+pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> Result<Queueing<'static, B>> {
+    let inflight = &B::globals().inflight;
+    collect::<B>();
+    let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0).then(|| inflight.captures.read_recursive());
+    let capturing = match &captures {
+        Some(map) if map.contains_key(&target.identity) => true,
+        // SAFETY: the caller keeps the handle live.
+        Some(_) => matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active)),
+        None => false,
+    };
+    if !capturing && !ranges.is_empty() && inflight.n_entries.load(Ordering::Acquire) > 0 {
+        let waits: Vec<Event<B>> = inflight
+            .entries
+            .lock()
+            .iter()
+            .filter(|e| e.stream != target.identity && e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
+            .map(|e| e.event.clone())
+            .collect();
+        for event in waits {
+            // SAFETY: the caller keeps the handle live.
+            unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
+        }
+    }
+    Ok(Queueing { target, captures, capturing })
+}
+
+impl<B: Runtime> Queueing<'_, B> {
+    /// Keeps `keeps` until the stream has passed the operation just queued (or, while the stream
+    /// captures, until the graph is dropped).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error recording the event. The keeps are then held for good (the operation
+    /// was queued, and nothing tells when it is done).
+    pub(crate) fn keep(self, keeps: Vec<Keep>, ranges: Vec<Range>) -> Result<()> {
+        let inflight = &B::globals().inflight;
+        if self.capturing {
+            match self.captures.as_ref().and_then(|map| map.get(&self.target.identity)) {
+                Some(record) => {
+                    let mut record = record.lock();
+                    record.keeps.extend(keeps);
+                    record.ranges.extend(ranges);
+                }
+                None => inflight.orphans.lock().extend(keeps),
+            }
+            return Ok(());
+        }
+        drop(self.captures);
+        let event = match spare_event::<B>(self.target.device) {
+            Ok(e) => e,
+            Err(e) => {
+                inflight.orphans.lock().extend(keeps);
+                return Err(e);
+            }
+        };
+        // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
+        if let Err(e) = unsafe { B::event_record(self.target.device, event.raw(), self.target.handle) } {
+            inflight.orphans.lock().extend(keeps);
+            return Err(e);
+        }
+        let mut entries = inflight.entries.lock();
+        entries.push(Entry { stream: self.target.identity, event, keeps, ranges });
+        inflight.n_entries.store(entries.len(), Ordering::Release);
+        Ok(())
+    }
+}
+
+fn spare_event<B: Runtime>(device: DeviceId) -> Result<Event<B>> {
+    let reused = {
+        let mut spare = B::globals().inflight.spare.lock();
+        spare.iter().position(|e| e.device_id() == device).map(|i| spare.swap_remove(i))
+    };
+    match reused {
+        Some(e) => Ok(e),
+        None => Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() }),
+    }
+}
+
+/// Releases what completed work kept, and runs drops deferred from callbacks. Never called from
+/// a callback (it may free memory, which the runtimes refuse there).
+pub(crate) fn collect<B: Runtime>() {
+    if crate::runtime::stream::callback::in_callback() {
+        return;
+    }
+    let inflight = &B::globals().inflight;
+    if inflight.n_entries.load(Ordering::Acquire) > 0 {
+        let done: Vec<Entry<B>> = {
+            let mut entries = inflight.entries.lock();
+            let mut done = Vec::new();
+            let mut i = 0;
+            while i < entries.len() {
+                if entries[i].event.query().unwrap_or(false) {
+                    done.push(entries.swap_remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+            inflight.n_entries.store(entries.len(), Ordering::Release);
+            done
+        };
+        release(done);
+    }
+    crate::runtime::state::run_deferred::<B>();
+}
+
+/// Drops finished entries outside every lock (a drop may free memory) and keeps their events.
+fn release<B: Runtime>(done: Vec<Entry<B>>) {
+    if done.is_empty() {
+        return;
+    }
+    let mut events = Vec::with_capacity(done.len());
+    for entry in done {
+        events.push(entry.event);
+        drop(entry.keeps);
+    }
+    let mut spare = B::globals().inflight.spare.lock();
+    if spare.len() < 256 {
+        spare.extend(events);
+    }
+}
+
+/// After a successful `synchronize` of the stream `identity`: everything queued on it before is
+/// done.
+pub(crate) fn stream_done<B: Runtime>(identity: ArenaKey) {
+    if crate::runtime::stream::callback::in_callback() {
+        return;
+    }
+    let inflight = &B::globals().inflight;
+    if inflight.n_entries.load(Ordering::Acquire) > 0 {
+        let done: Vec<Entry<B>> = {
+            let mut entries = inflight.entries.lock();
+            let (done, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| e.stream == identity);
+            *entries = kept;
+            inflight.n_entries.store(entries.len(), Ordering::Release);
+            done
+        };
+        release(done);
+    }
+    collect::<B>();
+}
+
+/// Waits for the queued operations (of every stream) that touch bytes of `ranges`: what a
+/// synchronous access does first.
+///
+/// # Errors
+///
+/// The runtime's error waiting for an event.
+pub(crate) fn wait_for<B: Runtime>(ranges: &[Range]) -> Result<()> {
+    let inflight = &B::globals().inflight;
+    if inflight.n_entries.load(Ordering::Acquire) == 0 {
+        return Ok(());
+    }
+    let waits: Vec<Event<B>> = inflight
+        .entries
+        .lock()
+        .iter()
+        .filter(|e| e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
+        .map(|e| e.event.clone())
+        .collect();
+    if !waits.is_empty() && crate::runtime::stream::callback::in_callback() {
+        return Err(crate::Error::NotAllowedInCallback { operation: "waiting for queued work on the same bytes" });
+    }
+    for event in waits {
+        event.synchronize()?;
+    }
+    collect::<B>();
+    Ok(())
+}
+
+/// Waits for every queued operation gpumem keeps memory for, then releases it: the pool's last
+/// resort before it reports out of memory. Does nothing inside a callback.
+pub(crate) fn wait_all<B: Runtime>() {
+    if crate::runtime::stream::callback::in_callback() {
+        return;
+    }
+    let events: Vec<Event<B>> = B::globals().inflight.entries.lock().iter().map(|e| e.event.clone()).collect();
+    for e in events {
+        // A failed wait (a lost device) leaves the entry for `collect` to judge.
+        let _ = e.synchronize();
+    }
+    collect::<B>();
+}
+
+/// Registers a capture begun by gpumem on stream `identity`; `start` begins it in the runtime,
+/// under the registry's write lock.
+pub(crate) fn begin_capture<B: Runtime>(identity: ArenaKey, start: impl FnOnce() -> Result<()>) -> Result<()> {
+    if crate::runtime::stream::callback::in_callback() {
+        return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
+    }
+    let inflight = &B::globals().inflight;
+    let mut map = inflight.captures.write();
+    start()?;
+    map.insert(identity, Mutex::new(CaptureRecord::default()));
+    inflight.n_captures.store(map.len(), Ordering::Release);
+    Ok(())
+}
+
+/// Ends the capture on stream `identity`: `end` ends it in the runtime; its record goes to the
+/// graph. The record is removed even when `end` fails (the capture is over either way).
+pub(crate) fn end_capture<B: Runtime, G>(
+    identity: ArenaKey,
+    end: impl FnOnce() -> Result<G>,
+) -> Result<(G, CaptureRecord)> {
+    if crate::runtime::stream::callback::in_callback() {
+        return Err(crate::Error::NotAllowedInCallback { operation: "end_capture" });
+    }
+    let inflight = &B::globals().inflight;
+    let mut map = inflight.captures.write();
+    let result = end();
+    let record = map.remove(&identity).map(Mutex::into_inner).unwrap_or_default();
+    inflight.n_captures.store(map.len(), Ordering::Release);
+    drop(map);
+    match result {
+        Ok(graph) => Ok((graph, record)),
+        Err(e) => {
+            // What was captured never runs; release it outside the lock.
+            drop(record);
+            Err(e)
+        }
+    }
+}
+
+/// How a host function is queued on `target`: into gpumem's capture record (`Some`), into a
+/// foreign capture (`None`, `true`), or to run once (`None`, `false`). Decided and acted on under
+/// the capture lock, so a concurrent `begin_capture` cannot come between.
+pub(crate) fn with_capture_of<B: Runtime, T>(
+    target: Target<B>,
+    f: impl FnOnce(Option<&mut CaptureRecord>, bool) -> Result<T>,
+) -> Result<T> {
+    let inflight = &B::globals().inflight;
+    if !B::CAPS.capture {
+        return f(None, false);
+    }
+    let map = inflight.captures.read_recursive();
+    if let Some(record) = map.get(&target.identity) {
+        return f(Some(&mut record.lock()), true);
+    }
+    // SAFETY: `with_capture_of`'s callers pass a handle live for this call.
+    let foreign = matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active));
+    f(None, foreign)
+}
+
+/// Holds `keep` for good: for what a foreign capture may reach.
+pub(crate) fn keep_forever<B: Runtime>(keep: Keep) {
+    B::globals().inflight.orphans.lock().push(keep);
+}
