@@ -184,8 +184,8 @@ fn capture_is_unsupported_without_reaching_the_runtime() {
     is_unsupported("begin_capture", ptds.begin_capture(None));
     is_unsupported("end_capture", ptds.end_capture());
     is_unsupported("capture_status", ptds.is_capturing());
-    assert!(matches!(Stream::<Hip>::null().begin_capture(None), Err(Error::InvalidArgument(_))));
-    assert!(matches!(Stream::<Hip>::legacy().begin_capture(None), Err(Error::InvalidArgument(_))));
+    assert!(matches!(Stream::<Hip>::null().begin_capture(None), Err(Error::CaptureOnDefaultStream)));
+    assert!(matches!(Stream::<Hip>::legacy().begin_capture(None), Err(Error::CaptureOnDefaultStream)));
 }
 
 /// HIP's special stream handles: 0 is the null stream, which is also the legacy stream (HIP 5.2
