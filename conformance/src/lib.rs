@@ -23,6 +23,7 @@ mod events;
 mod memory;
 mod pinned;
 mod pool;
+mod safety;
 mod streams;
 
 use gpumem_core::{MemoryPointer, Runtime};
@@ -91,6 +92,7 @@ macro_rules! suite {
         $crate::__memory_tests!($flavor);
         $crate::__pinned_tests!($flavor);
         $crate::__pool_tests!($flavor);
+        $crate::__safety_tests!($flavor);
         $crate::__streams_tests!($flavor);
     };
 }

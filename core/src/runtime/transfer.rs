@@ -117,7 +117,9 @@ fn check_stream_device<B: Runtime>(p: &MemoryPointer<B>, stream: Option<&Stream<
         None => Stream::<B>::current().device_id(),
     };
     match stream_device {
-        Some(d) if d != p.device_id() => Err(Error::WrongDevice { what: "memory", expected: d, found: p.device_id() }),
+        Some(d) if d != p.device_id() => {
+            Err(Error::WrongDevice { what: "memory", expected: d, found: p.device_id() })
+        }
         _ => Ok(()),
     }
 }

@@ -122,11 +122,14 @@ pub(crate) struct Queueing<'a, B: Runtime> {
 pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> Result<Queueing<'static, B>> {
     let inflight = &B::globals().inflight;
     collect::<B>();
-    let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0).then(|| inflight.captures.read_recursive());
+    let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0)
+        .then(|| inflight.captures.read_recursive());
     let capturing = match &captures {
         Some(map) if map.contains_key(&target.identity) => true,
         // SAFETY: the caller keeps the handle live.
-        Some(_) => matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active)),
+        Some(_) => {
+            matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active))
+        }
         None => false,
     };
     if !capturing && !ranges.is_empty() && inflight.n_entries.load(Ordering::Acquire) > 0 {
@@ -134,7 +137,10 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
             .entries
             .lock()
             .iter()
-            .filter(|e| e.stream != target.identity && e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
+            .filter(|e| {
+                e.stream != target.identity
+                    && e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q)))
+            })
             .map(|e| e.event.clone())
             .collect();
         for event in waits {
@@ -279,7 +285,9 @@ pub(crate) fn wait_for<B: Runtime>(ranges: &[Range]) -> Result<()> {
         .map(|e| e.event.clone())
         .collect();
     if !waits.is_empty() && crate::runtime::stream::callback::in_callback() {
-        return Err(crate::Error::NotAllowedInCallback { operation: "waiting for queued work on the same bytes" });
+        return Err(crate::Error::NotAllowedInCallback {
+            operation: "waiting for queued work on the same bytes",
+        });
     }
     for event in waits {
         event.synchronize()?;
@@ -294,7 +302,8 @@ pub(crate) fn wait_all<B: Runtime>() {
     if crate::runtime::stream::callback::in_callback() {
         return;
     }
-    let events: Vec<Event<B>> = B::globals().inflight.entries.lock().iter().map(|e| e.event.clone()).collect();
+    let events: Vec<Event<B>> =
+        B::globals().inflight.entries.lock().iter().map(|e| e.event.clone()).collect();
     for e in events {
         // A failed wait (a lost device) leaves the entry for `collect` to judge.
         let _ = e.synchronize();
@@ -304,7 +313,10 @@ pub(crate) fn wait_all<B: Runtime>() {
 
 /// Registers a capture begun by gpumem on stream `identity`; `start` begins it in the runtime,
 /// under the registry's write lock.
-pub(crate) fn begin_capture<B: Runtime>(identity: ArenaKey, start: impl FnOnce() -> Result<()>) -> Result<()> {
+pub(crate) fn begin_capture<B: Runtime>(
+    identity: ArenaKey,
+    start: impl FnOnce() -> Result<()>,
+) -> Result<()> {
     if crate::runtime::stream::callback::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
     }
@@ -357,7 +369,8 @@ pub(crate) fn with_capture_of<B: Runtime, T>(
         return f(Some(&mut record.lock()), true);
     }
     // SAFETY: `with_capture_of`'s callers pass a handle live for this call.
-    let foreign = matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active));
+    let foreign =
+        matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active));
     f(None, foreign)
 }
 

@@ -141,14 +141,7 @@ impl<B: Runtime> Stream<B> {
         kind: Kind,
         owner: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Self {
-        Stream {
-            inner: Arc::new(Inner {
-                handle,
-                device_id,
-                kind,
-                _owner: owner,
-            }),
-        }
+        Stream { inner: Arc::new(Inner { handle, device_id, kind, _owner: owner }) }
     }
 
     /// Creates a blocking stream with the default priority on the current device.

@@ -1,0 +1,367 @@
+//! Stream safety and sound handles: what queued work, graphs, callbacks and other threads may
+//! never do to memory a safe program holds (each test is a scenario that corrupted or freed memory
+//! under running work before gpumem kept it alive).
+
+/// The `safety` tests, for [`suite!`](crate::suite).
+#[macro_export]
+#[doc(hidden)]
+macro_rules! __safety_tests {
+    ($flavor:ident) => {
+        mod safety {
+            use super::gpumem;
+            use $crate::$flavor as conformance;
+
+            use std::sync::atomic::{AtomicUsize, Ordering};
+            use std::sync::{mpsc, Arc, Mutex};
+            use std::time::{Duration, Instant};
+
+            use gpumem::{Device, Error, Event, Memory, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream};
+
+            use super::supports_capture;
+            use $crate::read;
+
+            const N: usize = 4096;
+
+            /// Queues a host function that keeps `s` busy for `ms` milliseconds.
+            fn busy(s: &Stream, ms: u64) {
+                s.launch_host_func(move || std::thread::sleep(Duration::from_millis(ms))).unwrap();
+            }
+
+            fn own_memory(n: usize) -> MemoryPointer {
+                MemoryPointer::from_memory(Memory::new(n).unwrap())
+            }
+
+            conformance! {
+                fn memory_written_on_another_stream_is_not_lent_while_the_write_is_queued() {
+                    let pool = MemoryPool::new();
+                    let side = Stream::non_blocking().unwrap();
+                    let a = pool.malloc(N).unwrap();
+                    busy(&side, 200);
+                    a.memset_async(0xAA, N, Some(&side)).unwrap();
+                    drop(a);
+                    let b = pool.malloc(N).unwrap();
+                    b.memset(0x11, N).unwrap();
+                    side.synchronize().unwrap();
+                    assert!(read(&b, N).iter().all(|&x| x == 0x11), "the queued write reached the new owner");
+                }
+
+                fn a_synchronous_access_waits_for_queued_work_on_the_same_bytes() {
+                    let side = Stream::non_blocking().unwrap();
+                    let a = own_memory(N);
+                    a.memset(1, N).unwrap();
+                    busy(&side, 100);
+                    a.memset_async(2, N, Some(&side)).unwrap();
+                    // No synchronize: the read waits for the memset queued on `side`.
+                    assert!(read(&a, N).iter().all(|&x| x == 2));
+                }
+
+                fn another_stream_is_ordered_after_queued_work_on_the_same_bytes() {
+                    let s1 = Stream::non_blocking().unwrap();
+                    let s2 = Stream::non_blocking().unwrap();
+                    let a = own_memory(N);
+                    busy(&s1, 100);
+                    a.memset_async(1, N, Some(&s1)).unwrap();
+                    a.memset_async(2, N, Some(&s2)).unwrap();
+                    s2.synchronize().unwrap();
+                    s1.synchronize().unwrap();
+                    assert!(read(&a, N).iter().all(|&x| x == 2), "s2's memset ran before s1's");
+                }
+
+                fn a_graph_keeps_memory_dropped_after_capture() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let s = Stream::non_blocking().unwrap();
+                    let m = own_memory(N);
+                    s.begin_capture(None).unwrap();
+                    m.memset_async(7, N, Some(&s)).unwrap();
+                    let g = s.end_capture().unwrap();
+                    drop(m);
+                    let other = own_memory(N);
+                    other.memset(1, N).unwrap();
+                    for _ in 0..3 {
+                        g.launch(Some(&s)).unwrap();
+                    }
+                    s.synchronize().unwrap();
+                    assert!(read(&other, N).iter().all(|&x| x == 1));
+                }
+
+                fn a_pool_chunk_freed_after_capture_is_not_lent_while_the_graph_lives() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let a = pool.malloc(N).unwrap();
+                    s.begin_capture(None).unwrap();
+                    a.memset_async(7, N, Some(&s)).unwrap();
+                    let g = s.end_capture().unwrap();
+                    drop(a);
+                    let b = pool.malloc(N).unwrap();
+                    b.memset(1, N).unwrap();
+                    g.launch(Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert!(read(&b, N).iter().all(|&x| x == 1), "the replay wrote the new owner's bytes");
+                }
+
+                fn a_peer_copy_keeps_its_source_until_it_ran() {
+                    if Device::count().unwrap() < 2 {
+                        return;
+                    }
+                    let src = own_memory(N);
+                    src.memset(5, N).unwrap();
+                    let (dst, s1) = {
+                        let _d1 = Device::new(1).enter().unwrap();
+                        (own_memory(N), Stream::non_blocking().unwrap())
+                    };
+                    busy(&s1, 100);
+                    dst.copy_from_device_async(&src, N, Some(&s1)).unwrap();
+                    drop(src);
+                    s1.synchronize().unwrap();
+                    assert!(read(&dst, N).iter().all(|&x| x == 5));
+                }
+
+                fn the_last_pointer_dropped_in_a_host_function_does_not_free_queued_work() {
+                    let s = Stream::non_blocking().unwrap();
+                    let p = own_memory(N);
+                    let mut last = Some(p.clone());
+                    s.launch_host_func(move || {
+                        std::thread::sleep(Duration::from_millis(50));
+                        drop(last.take());
+                    })
+                    .unwrap();
+                    p.memset_async(3, N, Some(&s)).unwrap();
+                    let kept = p.clone();
+                    drop(p);
+                    s.synchronize().unwrap();
+                    assert!(read(&kept, N).iter().all(|&x| x == 3));
+                }
+
+                fn pinned_reads_and_writes_wait_for_transfers_on_their_bytes() {
+                    let s = Stream::non_blocking().unwrap();
+                    let dev = own_memory(N);
+                    dev.memset(3, N).unwrap();
+                    let pinned = PinnedMemoryPointer::alloc(N).unwrap();
+                    busy(&s, 100);
+                    dev.copy_to_host_async(&pinned, N, Some(&s)).unwrap();
+                    pinned.write(&[9u8; N]).unwrap();
+                    s.synchronize().unwrap();
+                    let mut back = vec![0u8; N];
+                    pinned.read(&mut back).unwrap();
+                    assert!(back.iter().all(|&x| x == 9), "the transfer overwrote a later write");
+                }
+
+                fn freeing_pinned_memory_does_not_wait_for_unrelated_streams() {
+                    let s = Stream::non_blocking().unwrap();
+                    let (tx, rx) = mpsc::channel::<()>();
+                    let rx = Mutex::new(rx);
+                    s.launch_host_func(move || {
+                        let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
+                    })
+                    .unwrap();
+                    let unrelated = PinnedMemoryPointer::alloc(N).unwrap();
+                    let t = Instant::now();
+                    drop(unrelated);
+                    assert!(t.elapsed() < Duration::from_secs(5), "the free waited for a stream waiting for us");
+                    tx.send(()).unwrap();
+                    s.synchronize().unwrap();
+                }
+
+                fn a_stream_kept_from_a_callback_stays_valid() {
+                    let s = Stream::non_blocking().unwrap();
+                    let kept: Arc<Mutex<Option<Stream>>> = Arc::default();
+                    let k = Arc::clone(&kept);
+                    s.add_callback(move |stream, status| {
+                        status.unwrap();
+                        *k.lock().unwrap() = Some(stream.clone());
+                    })
+                    .unwrap();
+                    s.synchronize().unwrap();
+                    drop(s);
+                    let view = kept.lock().unwrap().take().expect("the callback ran");
+                    assert!(view.query().unwrap());
+                    view.synchronize().unwrap();
+                    busy(&view, 1);
+                    view.synchronize().unwrap();
+                }
+
+                fn host_functions_of_a_capture_belong_to_it_whatever_stream_value_launched_them() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let runs = Arc::new(AtomicUsize::new(0));
+                    let r = Arc::clone(&runs);
+                    let s1 = Stream::per_thread();
+                    s1.begin_capture(None).unwrap();
+                    let s2 = Stream::per_thread();
+                    s2.launch_host_func(move || {
+                        r.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                    let g = s1.end_capture().unwrap();
+                    drop((s1, s2));
+                    let s = Stream::non_blocking().unwrap();
+                    g.launch(Some(&s)).unwrap();
+                    g.launch(Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert_eq!(runs.load(Ordering::SeqCst), 2);
+                }
+
+                fn a_graph_launched_inside_a_capture_is_kept_by_the_outer_graph() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let runs = Arc::new(AtomicUsize::new(0));
+                    let r = Arc::clone(&runs);
+                    let s = Stream::non_blocking().unwrap();
+                    s.begin_capture(None).unwrap();
+                    s.launch_host_func(move || {
+                        r.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                    let inner = s.end_capture().unwrap();
+                    s.begin_capture(None).unwrap();
+                    inner.launch(Some(&s)).unwrap();
+                    let outer = s.end_capture().unwrap();
+                    drop(inner);
+                    outer.launch(Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert_eq!(runs.load(Ordering::SeqCst), 1);
+                }
+
+                fn launching_host_functions_while_another_thread_captures_the_stream() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let s = Stream::non_blocking().unwrap();
+                    let stop = Arc::new(AtomicUsize::new(0));
+                    std::thread::scope(|scope| {
+                        let (s2, stop2) = (s.clone(), Arc::clone(&stop));
+                        scope.spawn(move || {
+                            while stop2.load(Ordering::SeqCst) == 0 {
+                                let _ = s2.launch_host_func(|| {});
+                            }
+                        });
+                        for _ in 0..50 {
+                            s.begin_capture(None).unwrap();
+                            // The other thread's launches are captured or not, never half.
+                            if let Ok(g) = s.end_capture() {
+                                g.launch(Some(&s)).unwrap();
+                                g.launch(Some(&s)).unwrap();
+                            }
+                        }
+                        stop.store(1, Ordering::SeqCst);
+                    });
+                    s.synchronize().unwrap();
+                }
+
+                fn a_graph_dropped_inside_a_host_function_queued_before_its_launch() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let s = Stream::non_blocking().unwrap();
+                    s.begin_capture(None).unwrap();
+                    s.launch_host_func(|| {}).unwrap();
+                    let g = s.end_capture().unwrap();
+                    let slot = Arc::new(Mutex::new(None));
+                    let in_fn = Arc::clone(&slot);
+                    s.launch_host_func(move || drop(in_fn.lock().unwrap().take())).unwrap();
+                    g.launch(Some(&s)).unwrap();
+                    *slot.lock().unwrap() = Some(g);
+                    s.synchronize().unwrap();
+                    s.synchronize().unwrap();
+                }
+
+                fn host_functions_that_wait_for_streams_are_refused_not_hung() {
+                    let s1 = Stream::non_blocking().unwrap();
+                    let s2 = Stream::non_blocking().unwrap();
+                    let results = Arc::new(Mutex::new(Vec::new()));
+                    for (a, b) in [(&s1, &s2), (&s2, &s1)] {
+                        let (other, out) = (b.clone(), Arc::clone(&results));
+                        a.launch_host_func(move || out.lock().unwrap().push(other.synchronize())).unwrap();
+                    }
+                    s1.synchronize().unwrap();
+                    s2.synchronize().unwrap();
+                    let results = results.lock().unwrap();
+                    assert_eq!(results.len(), 2);
+                    assert!(results.iter().all(|r| matches!(r, Err(Error::NotAllowedInCallback { .. }))), "{results:?}");
+                }
+
+                fn a_panic_whose_payload_panics_on_drop_is_reported() {
+                    struct Nasty;
+                    impl Drop for Nasty {
+                        fn drop(&mut self) {
+                            panic!("the payload's drop panicked");
+                        }
+                    }
+                    let s = Stream::non_blocking().unwrap();
+                    s.launch_host_func(|| std::panic::panic_any(Nasty)).unwrap();
+                    assert!(matches!(s.synchronize(), Err(Error::CallbackPanicked(_))));
+                    s.synchronize().unwrap();
+                }
+
+                fn a_callback_panic_is_reported_to_its_own_thread_only() {
+                    let (ran_tx, ran_rx) = mpsc::channel::<()>();
+                    let (checked_tx, checked_rx) = mpsc::channel::<()>();
+                    std::thread::scope(|scope| {
+                        scope.spawn(move || {
+                            let s = Stream::per_thread();
+                            s.launch_host_func(|| panic!("thread A's host function")).unwrap();
+                            s.launch_host_func(move || {
+                                let _ = ran_tx.send(());
+                            })
+                            .unwrap();
+                            checked_rx.recv().unwrap();
+                            assert!(matches!(s.synchronize(), Err(Error::CallbackPanicked(m)) if m.contains("thread A")));
+                        });
+                        ran_rx.recv().unwrap();
+                        // Another thread's per-thread stream has its own identity.
+                        let mine = std::thread::scope(|inner| inner.spawn(|| Stream::per_thread().synchronize()).join().unwrap());
+                        checked_tx.send(()).unwrap();
+                        assert!(mine.is_ok(), "{mine:?}");
+                    });
+                }
+
+                fn work_on_memory_of_another_device_than_its_stream_is_refused() {
+                    if Device::count().unwrap() < 2 {
+                        return;
+                    }
+                    let m0 = own_memory(N);
+                    let (s1, e1) = {
+                        let _d1 = Device::new(1).enter().unwrap();
+                        (Stream::non_blocking().unwrap(), Event::new().unwrap())
+                    };
+                    assert!(matches!(m0.memset_async(1, N, Some(&s1)), Err(Error::WrongDevice { .. })));
+                    let s0 = Stream::non_blocking().unwrap();
+                    assert!(matches!(e1.record(Some(&s0)), Err(Error::WrongDevice { .. })));
+                }
+
+                fn a_device_wide_synchronize_is_refused_while_a_stream_captures() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let s = Stream::non_blocking().unwrap();
+                    s.begin_capture(None).unwrap();
+                    assert!(Device::current().synchronize().is_err());
+                    // The capture is invalidated, as CUDA does.
+                    assert!(s.end_capture().is_err());
+                }
+
+                fn pointer_offsets_are_exact_past_isize() {
+                    let p = own_memory(64);
+                    let q = (&p + isize::MAX + 10) - isize::MAX;
+                    assert_eq!(q.offset(), 10);
+                    q.memset(1, 1).unwrap();
+                    assert_eq!(read(&p, 11)[10], 1);
+                }
+            }
+        }
+    };
+}
