@@ -362,7 +362,7 @@ mod tests {
     #[test]
     fn extension_keys_round_trip_after_cupy_keys() {
         let e = Event {
-            hook: Hook::Free.into(),
+            hook: Hook::Free,
             phase: Phase::Pre,
             device_id: 1,
             size: Some(100),
@@ -380,7 +380,7 @@ mod tests {
         ));
         let t = Trace {
             header: Some(Header::new("gpumem", Some("x".into()))),
-            events: vec![e.clone(), Event { hook: Hook::RawFree.into(), ..Default::default() }],
+            events: vec![e.clone(), Event { hook: Hook::RawFree, ..Default::default() }],
         };
         assert_eq!(Trace::parse(&t.to_text()).unwrap(), t);
     }

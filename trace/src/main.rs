@@ -158,7 +158,7 @@ fn run(cli: Cli) -> Result<()> {
                     &steps,
                     p,
                     0,
-                    std::sync::Arc::new(gpumem::DeviceAllocator),
+                    std::sync::Arc::new(replay::UntouchedHostMemory),
                     &mut |done| bar.set_position(done as u64),
                 )?;
                 bar.finish_and_clear();

@@ -355,9 +355,9 @@ pub fn svg(layout: &Layout) -> String {
     let _ = writeln!(s, "<rect width=\"100%\" height=\"100%\" fill=\"#fff\"/>");
     let _ = writeln!(s, "<g class=\"bands\">");
     for b in &layout.bands {
-        let _ = write!(
+        let _ = writeln!(
             s,
-            "<path class=\"band\" fill=\"{}\" d=\"{}\"><title>{}</title></path>\n",
+            "<path class=\"band\" fill=\"{}\" d=\"{}\"><title>{}</title></path>",
             b.color,
             band_path(b, &x, &y),
             escape_html(&b.info)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 
 use gpumem::core::{SingleDeviceMemoryPool, Stream};
 use gpumem::host::Host;
-use gpumem::{Backend, BaseMemory, DeviceAllocator, DeviceId, GrowthPolicy, RawAllocator};
+use gpumem::{Backend, BaseMemory, DeviceId, GrowthPolicy, RawAllocator};
 use serde::Serialize;
 
 use crate::analysis::Timeline;
@@ -131,7 +131,8 @@ pub struct ReplayOptions {
     pub expandable: bool,
 }
 
-/// Replays `steps` through a host-backend pool with `policy`.
+/// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
+/// a trace whose peak exceeds this machine's memory still replays).
 ///
 /// # Errors
 ///
@@ -139,7 +140,7 @@ pub struct ReplayOptions {
 /// pool fails (out of host memory, or `GPUMEM_GPU_MEMORY_LIMIT` below the trace's needs).
 pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
     check_options(options)?;
-    replay_on::<Host>(steps, policy, 0, Arc::new(DeviceAllocator), &mut |_| {})
+    replay_on::<Host>(steps, policy, 0, Arc::new(UntouchedHostMemory), &mut |_| {})
 }
 
 /// Checks that this build can replay with `options`.
@@ -212,6 +213,70 @@ pub fn replay_on<B: Backend>(
         raw_allocs: counter.allocs.load(Ordering::Relaxed),
         raw_frees,
     })
+}
+
+/// A raw allocator for the host backend whose blocks are host memory that nothing writes.
+///
+/// The host backend's own allocator zeroes each block and counts it against the simulated
+/// device's capacity, so replaying a GPU's trace would need that much real memory. A replay never
+/// reads or writes its blocks, so these are left uninitialised: the system's allocator maps large
+/// blocks without committing their pages, and a trace of tens of gigabytes replays on a machine
+/// with less. The blocks are real, writable host memory, as the host backend's are, but they are
+/// not in its registry of allocations (its copies would not know their device).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UntouchedHostMemory;
+
+/// The host backend's alignment, the pool's unit.
+const HOST_ALIGN: usize = 512;
+
+/// A block of [`UntouchedHostMemory`].
+#[derive(Debug)]
+struct HostBlock {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+    device: DeviceId,
+}
+
+// SAFETY: the block is plain host memory owned by this value alone; nothing about it is tied
+// to the thread that allocated it.
+unsafe impl Send for HostBlock {}
+// SAFETY: this value never reads or writes the block; sharing it shares only its address.
+unsafe impl Sync for HostBlock {}
+
+// SAFETY: `ptr..ptr + size` was allocated with `layout` by the global allocator, is writable
+// host memory (the host backend's device memory is host memory) for as long as this value
+// lives, and the three values never change.
+unsafe impl BaseMemory<Host> for HostBlock {
+    fn ptr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+    fn size(&self) -> usize {
+        self.layout.size()
+    }
+    fn device_id(&self) -> DeviceId {
+        self.device
+    }
+    fn identity(&self) -> &'static str {
+        "UntouchedHostMemory"
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc(layout)` and is freed once, here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+impl RawAllocator<Host> for UntouchedHostMemory {
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Box<dyn BaseMemory<Host>>> {
+        let oom = || gpumem::Error::OutOfMemory { size, total: None };
+        let layout = std::alloc::Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| oom())?;
+        // SAFETY: `layout` has a non-zero size and a power-of-two alignment.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(oom)?;
+        Ok(Box::new(HostBlock { ptr, layout, device }))
+    }
 }
 
 /// What the counting allocator has seen.
