@@ -42,6 +42,10 @@ pub enum Error {
     /// An option the user asked for that this build does not have.
     #[error("{0}")]
     Unavailable(String),
+    /// The command line could not be parsed: clap's rendered message, and whether it is an
+    /// error (`false` for `--help` and `--version`).
+    #[error("{0}")]
+    Usage(String, bool),
     /// A bad argument (an unknown policy name, an empty trace to plot).
     #[error("{0}")]
     InvalidArgument(String),

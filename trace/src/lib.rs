@@ -62,6 +62,7 @@
 //! ```
 
 pub mod analysis;
+pub mod cli;
 pub mod error;
 pub mod format;
 pub mod import;

@@ -105,7 +105,7 @@ fn the_page_renders_one_band_per_allocation_in_headless_chromium() {
         eprintln!("chromium not found: the browser test needs it (apt-get install chromium)");
         return;
     };
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpumem-trace-browser");
+    let dir = std::env::temp_dir().join(format!("gpumem-trace-browser-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let n = 12;
     let timeline = Timeline::new(&small_trace(n));

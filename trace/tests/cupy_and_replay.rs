@@ -3,27 +3,40 @@
 //! out by hand.
 
 use std::path::PathBuf;
-use std::process::Command;
 
 use gpumem::core::hooks::install;
 use gpumem::core::SingleDeviceMemoryPool;
 use gpumem::host::Host;
 use gpumem::{DebugPrintHook, GrowthPolicy};
 use gpumem_trace::replay::{self, ReplayOptions, Step};
-use gpumem_trace::{Timeline, Trace};
+use gpumem_trace::{cli, Error, Timeline, Trace};
 use serde_json::Value;
 
+/// CuPy's documented DebugPrintHook output (embedded, so the test binary runs anywhere).
+const CUPY_SAMPLE: &str = include_str!("../fixtures/cupy_debug_print_sample.jsonl");
+
+/// A file in this process's own temporary folder.
 fn tmp(name: &str) -> PathBuf {
-    let dir = PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpumem-trace-tests");
+    let dir = std::env::temp_dir().join(format!("gpumem-trace-tests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     dir.join(name)
 }
 
-/// Runs the program; returns its standard output, failing the test on a non-zero exit.
+/// Runs the command line in-process; returns what it wrote, failing the test on an error.
 fn tool(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_gpumem-trace")).args(args).output().unwrap();
-    assert!(out.status.success(), "gpumem-trace {args:?}: {}", String::from_utf8_lossy(&out.stderr));
-    String::from_utf8(out.stdout).unwrap()
+    let mut out = Vec::new();
+    if let Err(e) = cli::run(std::iter::once("gpumem-trace").chain(args.iter().copied()), &mut out) {
+        panic!("gpumem-trace {args:?}: {e}");
+    }
+    String::from_utf8(out).unwrap()
+}
+
+/// Runs the command line in-process, expecting an error; returns its message.
+fn tool_error(args: &[&str]) -> String {
+    match cli::run(std::iter::once("gpumem-trace").chain(args.iter().copied()), &mut Vec::new()) {
+        Ok(()) => panic!("gpumem-trace {args:?} succeeded"),
+        Err(e) => e.to_string(),
+    }
 }
 
 fn json(args: &[&str]) -> Value {
@@ -124,7 +137,9 @@ fn a_gpumem_debug_print_file_imports_and_replays_to_the_pools_own_peaks() {
 
 #[test]
 fn cupys_documented_sample_imports_to_its_figures() {
-    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cupy_debug_print_sample.jsonl");
+    let sample_path = tmp("cupy-sample.jsonl");
+    std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
+    let sample = sample_path.to_str().unwrap();
     let out = tmp("cupy-sample.trace");
     tool(&["import", "--from", "cupy", sample, "-o", out.to_str().unwrap()]);
     let s = json(&["stats", "--json", out.to_str().unwrap()]);
@@ -211,15 +226,33 @@ fn a_trace_from_the_file_format_replays_like_its_steps() {
 
 #[test]
 fn bad_options_are_clear_errors() {
-    let sample = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/cupy_debug_print_sample.jsonl");
-    let run = |args: &[&str]| Command::new(env!("CARGO_BIN_EXE_gpumem-trace")).args(args).output().unwrap();
-    let out = run(&["replay", "--expandable", sample]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not available in this build"));
-    let out = run(&["replay", "--policy", "lru", sample]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("unknown policy \"lru\""));
-    let out = run(&["stats", "/nonexistent/trace"]);
-    assert!(!out.status.success());
-    assert!(String::from_utf8_lossy(&out.stderr).contains("/nonexistent/trace"));
+    let sample_path = tmp("cupy-sample-options.jsonl");
+    std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
+    let sample = sample_path.to_str().unwrap();
+    assert!(tool_error(&["replay", "--expandable", sample]).contains("not available in this build"));
+    assert!(tool_error(&["replay", "--policy", "lru", sample]).contains("unknown policy \"lru\""));
+    assert!(tool_error(&["stats", "/nonexistent/trace"]).contains("/nonexistent/trace"));
+    assert!(tool_error(&["import", "--from", "matlab", sample, "-o", "-"]).contains("matlab"));
+    let mut help = Vec::new();
+    let e = cli::run(["gpumem-trace", "--help"], &mut help).unwrap_err();
+    assert!(matches!(&e, Error::Usage(text, false) if text.contains("replay")), "{e:?}");
+    // An empty trace has nothing to draw.
+    let empty = tmp("empty.trace");
+    std::fs::write(&empty, "").unwrap();
+    assert!(tool_error(&["plot", empty.to_str().unwrap(), "-o", "-"]).contains("no pool allocation"));
+}
+
+#[test]
+fn plot_writes_a_page_or_an_svg() {
+    let sample_path = tmp("cupy-sample-plot.jsonl");
+    std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
+    let (html, svg) = (tmp("sample.html"), tmp("sample.SVG"));
+    tool(&["plot", sample_path.to_str().unwrap(), "-o", html.to_str().unwrap(), "--title", "<sample>"]);
+    tool(&["plot", sample_path.to_str().unwrap(), "-o", svg.to_str().unwrap(), "--color-by", "site"]);
+    let html = std::fs::read_to_string(html).unwrap();
+    assert!(html.starts_with("<!DOCTYPE html>") && html.contains("<title>&lt;sample&gt;</title>"));
+    let svg = std::fs::read_to_string(svg).unwrap();
+    assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+    assert_eq!(svg.matches("class=\"band\"").count(), 1);
+    assert!(svg.contains("24 B (24 B requested, 512 B lent)"), "the hover text");
 }

@@ -2,10 +2,9 @@
 //! for the corner cases, and (when it is in the tree) the snapshot recorded on a GPU.
 
 use std::collections::BTreeMap;
-use std::process::Command;
 
 use gpumem_trace::import::{self, ImportReport};
-use gpumem_trace::{Error, Hook, Phase, Stats, Timeline, Trace};
+use gpumem_trace::{cli, Error, Hook, Phase, Stats, Timeline, Trace};
 use serde_json::Value as Json;
 use serde_pickle::{HashableValue, Value};
 
@@ -64,19 +63,21 @@ fn imported_traces_round_trip_through_the_file_format() {
 
 #[test]
 fn the_command_line_imports_a_snapshot() {
-    let dir = std::path::PathBuf::from(env!("CARGO_TARGET_TMPDIR")).join("gpumem-trace-tests");
+    let dir = std::env::temp_dir().join(format!("gpumem-trace-tests-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
-    let out = dir.join("synthetic-torch.trace");
-    let input = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/synthetic_torch_snapshot.pickle");
-    let run = Command::new(env!("CARGO_BIN_EXE_gpumem-trace"))
-        .args(["import", "--from", "pytorch", input, "-o", out.to_str().unwrap()])
-        .output()
-        .unwrap();
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
-    assert!(String::from_utf8_lossy(&run.stderr).contains("2 allocations and 0 segments from before"));
+    let (input, out) = (dir.join("synthetic.pickle"), dir.join("synthetic-torch.trace"));
+    std::fs::write(&input, SYNTHETIC).unwrap();
+    let args =
+        ["gpumem-trace", "import", "--from", "pytorch", input.to_str().unwrap(), "-o", out.to_str().unwrap()];
+    cli::run(args, &mut Vec::new()).unwrap();
     let trace = gpumem_trace::format::read_file(&out).unwrap();
     assert_eq!(trace.header.unwrap().source.as_deref(), Some("pytorch"));
     assert_eq!(trace.events, import(SYNTHETIC).0.events);
+    // To standard output, with "-".
+    let mut text = Vec::new();
+    cli::run(["gpumem-trace", "import", "--from", "pytorch", input.to_str().unwrap(), "-o", "-"], &mut text)
+        .unwrap();
+    assert_eq!(Trace::parse(std::str::from_utf8(&text).unwrap()).unwrap().events, trace.events);
 }
 
 // Snapshots built here, for what the fixture does not cover.
