@@ -1,0 +1,427 @@
+//! What a trace says happened: each allocation's lifetime, and the statistics over them.
+
+use std::collections::{BTreeMap, HashMap};
+
+use serde::Serialize;
+
+use crate::format::{Event, Hook, Trace};
+
+/// One pool allocation, from its `malloc` line to its `free` line.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Allocation {
+    /// Its number, in order of allocation.
+    pub id: usize,
+    /// The device.
+    pub device_id: i32,
+    /// Its address.
+    pub ptr: u64,
+    /// The bytes asked for.
+    pub size: u64,
+    /// The bytes lent (rounded).
+    pub mem_size: u64,
+    /// Its stream (0 when the trace does not say).
+    pub stream: u64,
+    /// The thread that allocated it, if recorded.
+    pub thread: Option<u64>,
+    /// Where it was allocated, if recorded.
+    pub site: Option<String>,
+    /// The step of its `malloc` (see [`Timeline::steps`]).
+    pub start: usize,
+    /// The step of its `free`; `None` if still live at the end of the trace.
+    pub end: Option<usize>,
+    /// The `time_ns` of its `malloc`, if recorded.
+    pub start_ns: Option<u64>,
+    /// The `time_ns` of its `free`, if recorded.
+    pub end_ns: Option<u64>,
+}
+
+/// A trace's pool allocations and raw calls laid on one time axis.
+///
+/// The axis counts *steps*: every post-operation `malloc` or `free` line that changes what is in
+/// use is one step (as PyTorch's memory_viz counts them). Raw calls take the step of the next
+/// pool operation.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Timeline {
+    /// The allocations, in order of allocation.
+    pub allocations: Vec<Allocation>,
+    /// How many steps the axis has.
+    pub steps: usize,
+    /// `time_ns` of each step, where recorded.
+    pub step_ns: Vec<Option<u64>>,
+    /// The raw bytes held after each raw call: `(step, bytes held)`.
+    pub held: Vec<(usize, u64)>,
+    /// Raw allocations (successful `alloc` lines).
+    pub raw_allocs: u64,
+    /// Raw frees (`raw_free` lines).
+    pub raw_frees: u64,
+    /// `malloc` lines that failed (address 0).
+    pub failed_mallocs: u64,
+    /// `free` lines that match no live allocation (made before the trace began).
+    pub unmatched_frees: u64,
+    /// `raw_free` lines that match no raw allocation of the trace.
+    pub unmatched_raw_frees: u64,
+    /// Lines written before their operation (skipped).
+    pub pre_lines: u64,
+}
+
+impl Timeline {
+    /// Lays out `trace`. Frees are matched to allocations by device, address and `pmem_id`, so
+    /// that a free written after another thread has already been lent the same address does not
+    /// end the wrong allocation.
+    #[must_use]
+    pub fn new(trace: &Trace) -> Self {
+        Self::from_events(&trace.events)
+    }
+
+    /// As [`Timeline::new`], from the events alone.
+    #[must_use]
+    pub fn from_events(events: &[Event]) -> Self {
+        let mut t = Timeline::default();
+        let mut live: HashMap<(i32, u64, u64), usize> = HashMap::new();
+        let mut raw_live: HashMap<(i32, u64), u64> = HashMap::new();
+        let mut held = 0u64;
+        for e in events {
+            if !e.is_post() {
+                t.pre_lines += 1;
+                continue;
+            }
+            match e.kind() {
+                Hook::Malloc if e.mem_ptr == 0 => t.failed_mallocs += 1,
+                Hook::Malloc => {
+                    let id = t.allocations.len();
+                    let key = (e.device_id, e.mem_ptr, e.pmem_id.unwrap_or(0));
+                    if let Some(old) = live.insert(key, id) {
+                        // The same address and id lent twice without a free between: the free
+                        // line was lost. End the old one here rather than let it live forever.
+                        t.allocations[old].end = Some(t.steps);
+                        t.allocations[old].end_ns = e.time_ns;
+                    }
+                    t.allocations.push(Allocation {
+                        id,
+                        device_id: e.device_id,
+                        ptr: e.mem_ptr,
+                        size: e.requested(),
+                        mem_size: e.mem_size,
+                        stream: e.stream.unwrap_or(0),
+                        thread: e.thread,
+                        site: e.site.clone(),
+                        start: t.steps,
+                        end: None,
+                        start_ns: e.time_ns,
+                        end_ns: None,
+                    });
+                    t.step_ns.push(e.time_ns);
+                    t.steps += 1;
+                }
+                Hook::Free => match live.remove(&(e.device_id, e.mem_ptr, e.pmem_id.unwrap_or(0))) {
+                    Some(id) => {
+                        t.allocations[id].end = Some(t.steps);
+                        t.allocations[id].end_ns = e.time_ns;
+                        t.step_ns.push(e.time_ns);
+                        t.steps += 1;
+                    }
+                    None => t.unmatched_frees += 1,
+                },
+                Hook::Alloc if e.mem_ptr == 0 => {}
+                Hook::Alloc => {
+                    t.raw_allocs += 1;
+                    *raw_live.entry((e.device_id, e.mem_ptr)).or_insert(0) += e.mem_size;
+                    held += e.mem_size;
+                    t.held.push((t.steps, held));
+                }
+                Hook::RawFree => {
+                    t.raw_frees += 1;
+                    match raw_live.remove(&(e.device_id, e.mem_ptr)) {
+                        Some(bytes) => {
+                            held -= bytes;
+                            t.held.push((t.steps, held));
+                        }
+                        None => t.unmatched_raw_frees += 1,
+                    }
+                }
+            }
+        }
+        t
+    }
+
+    /// Each step's change in requested bytes in use, and rounded bytes: `(step, Δsize, Δmem_size)`
+    /// in step order.
+    fn deltas(&self) -> Vec<(usize, i128, i128)> {
+        let mut d = Vec::with_capacity(self.allocations.len() * 2);
+        for a in &self.allocations {
+            d.push((a.start, i128::from(a.size), i128::from(a.mem_size)));
+            if let Some(end) = a.end {
+                d.push((end, -i128::from(a.size), -i128::from(a.mem_size)));
+            }
+        }
+        d.sort_by_key(|x| x.0);
+        d
+    }
+
+    /// The statistics of the trace; `top` is how many of the largest allocations to list.
+    #[must_use]
+    pub fn stats(&self, top: usize) -> Stats {
+        let mut s = Stats {
+            mallocs: self.allocations.len() as u64,
+            frees: self.allocations.iter().filter(|a| a.end.is_some()).count() as u64,
+            live_at_end: self.allocations.iter().filter(|a| a.end.is_none()).count() as u64,
+            failed_mallocs: self.failed_mallocs,
+            unmatched_frees: self.unmatched_frees,
+            raw_allocs: self.raw_allocs,
+            raw_frees: self.raw_frees,
+            raw_bytes_allocated: 0,
+            peak_held: self.held.iter().map(|h| h.1).max().unwrap_or(0),
+            steps: self.steps as u64,
+            ..Stats::default()
+        };
+        let (mut used, mut used_rounded) = (0i128, 0i128);
+        for (step, d, dr) in self.deltas() {
+            used += d;
+            used_rounded += dr;
+            if used > i128::from(s.peak_in_use) {
+                s.peak_in_use = used as u64;
+                s.peak_step = step as u64;
+            }
+            s.peak_in_use_rounded = s.peak_in_use_rounded.max(used_rounded as u64);
+        }
+        s.bytes_requested = self.allocations.iter().map(|a| a.size).sum();
+        let mut raw_total = 0u64;
+        let mut last = 0u64;
+        for &(_, h) in &self.held {
+            if h > last {
+                raw_total += h - last;
+            }
+            last = h;
+        }
+        s.raw_bytes_allocated = raw_total;
+
+        let mut by_stream: BTreeMap<u64, Vec<&Allocation>> = BTreeMap::new();
+        for a in &self.allocations {
+            by_stream.entry(a.stream).or_default().push(a);
+        }
+        for (stream, allocs) in by_stream {
+            let mut deltas: Vec<(usize, i128)> = Vec::new();
+            for a in &allocs {
+                deltas.push((a.start, i128::from(a.size)));
+                if let Some(end) = a.end {
+                    deltas.push((end, -i128::from(a.size)));
+                }
+            }
+            deltas.sort_by_key(|x| x.0);
+            let (mut used, mut peak) = (0i128, 0i128);
+            for (_, d) in deltas {
+                used += d;
+                peak = peak.max(used);
+            }
+            s.streams.push(StreamStats {
+                stream,
+                mallocs: allocs.len() as u64,
+                frees: allocs.iter().filter(|a| a.end.is_some()).count() as u64,
+                bytes_requested: allocs.iter().map(|a| a.size).sum(),
+                peak_in_use: peak as u64,
+                largest: allocs.iter().map(|a| a.size).max().unwrap_or(0),
+            });
+        }
+
+        let mut largest: Vec<&Allocation> = self.allocations.iter().collect();
+        // Largest first; among equals the earlier first, so the list is the same on every run.
+        largest.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
+        s.largest = largest.into_iter().take(top).cloned().collect();
+        s
+    }
+}
+
+/// Statistics of a trace, as `gpumem-trace stats` prints them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    /// Steps on the time axis.
+    pub steps: u64,
+    /// Successful pool allocations.
+    pub mallocs: u64,
+    /// Their frees.
+    pub frees: u64,
+    /// Allocations never freed in the trace.
+    pub live_at_end: u64,
+    /// Pool allocations that failed.
+    pub failed_mallocs: u64,
+    /// Frees of allocations made before the trace began.
+    pub unmatched_frees: u64,
+    /// Raw allocations.
+    pub raw_allocs: u64,
+    /// Raw frees.
+    pub raw_frees: u64,
+    /// Bytes asked for over the whole trace.
+    pub bytes_requested: u64,
+    /// The most requested bytes in use at once.
+    pub peak_in_use: u64,
+    /// The step at which that peak was first reached.
+    pub peak_step: u64,
+    /// The most rounded (lent) bytes in use at once.
+    pub peak_in_use_rounded: u64,
+    /// Raw bytes allocated over the whole trace.
+    pub raw_bytes_allocated: u64,
+    /// The most raw bytes held at once (from the `alloc` and `raw_free` lines).
+    pub peak_held: u64,
+    /// Per stream, in stream order.
+    pub streams: Vec<StreamStats>,
+    /// The largest allocations, largest first.
+    pub largest: Vec<Allocation>,
+}
+
+/// Statistics of one stream's allocations.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct StreamStats {
+    /// The stream.
+    pub stream: u64,
+    /// Successful pool allocations on it.
+    pub mallocs: u64,
+    /// Their frees.
+    pub frees: u64,
+    /// Bytes asked for.
+    pub bytes_requested: u64,
+    /// The most requested bytes in use at once on this stream.
+    pub peak_in_use: u64,
+    /// Its largest allocation.
+    pub largest: u64,
+}
+
+/// `bytes` for people: `1.5 MiB`.
+#[must_use]
+pub fn human_bytes(bytes: u64) -> String {
+    const UNITS: [&str; 6] = ["B", "KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = bytes as f64;
+    let mut unit = 0;
+    while v >= 1024.0 && unit + 1 < UNITS.len() {
+        v /= 1024.0;
+        unit += 1;
+    }
+    if unit == 0 {
+        format!("{bytes} B")
+    } else {
+        format!("{v:.1} {}", UNITS[unit])
+    }
+}
+
+impl Stats {
+    /// The statistics as a readable report.
+    #[must_use]
+    pub fn render(&self) -> String {
+        use std::fmt::Write as _;
+        let mut s = String::new();
+        let b = |v: u64| format!("{v} ({})", human_bytes(v));
+        let _ = writeln!(s, "steps                 {}", self.steps);
+        let _ = writeln!(
+            s,
+            "pool allocations      {} ({} freed, {} live at end, {} failed)",
+            self.mallocs, self.frees, self.live_at_end, self.failed_mallocs
+        );
+        if self.unmatched_frees > 0 {
+            let _ = writeln!(s, "frees of earlier allocations  {}", self.unmatched_frees);
+        }
+        let _ = writeln!(s, "bytes requested       {}", b(self.bytes_requested));
+        let _ = writeln!(s, "peak in use           {} at step {}", b(self.peak_in_use), self.peak_step);
+        let _ = writeln!(s, "peak in use, rounded  {}", b(self.peak_in_use_rounded));
+        let _ = writeln!(s, "raw allocations       {} ({})", self.raw_allocs, b(self.raw_bytes_allocated));
+        let _ = writeln!(s, "raw frees             {}", self.raw_frees);
+        let _ = writeln!(s, "peak held             {}", b(self.peak_held));
+        let _ = writeln!(s, "\nper stream");
+        let _ = writeln!(
+            s,
+            "{:>20} {:>10} {:>10} {:>14} {:>14} {:>14}",
+            "stream", "mallocs", "frees", "requested", "peak in use", "largest"
+        );
+        for st in &self.streams {
+            let _ = writeln!(
+                s,
+                "{:>20} {:>10} {:>10} {:>14} {:>14} {:>14}",
+                st.stream,
+                st.mallocs,
+                st.frees,
+                human_bytes(st.bytes_requested),
+                human_bytes(st.peak_in_use),
+                human_bytes(st.largest)
+            );
+        }
+        if !self.largest.is_empty() {
+            let _ = writeln!(s, "\nlargest allocations");
+            let _ = writeln!(
+                s,
+                "{:>14} {:>12} {:>20} {:>9} {:>9}  site",
+                "size", "bytes", "stream", "from", "to"
+            );
+            for a in &self.largest {
+                let _ = writeln!(
+                    s,
+                    "{:>14} {:>12} {:>20} {:>9} {:>9}  {}",
+                    human_bytes(a.size),
+                    a.size,
+                    a.stream,
+                    a.start,
+                    a.end.map_or_else(|| "live".to_owned(), |e| e.to_string()),
+                    a.site.as_deref().unwrap_or("-")
+                );
+            }
+        }
+        s
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::Event;
+
+    fn malloc(ptr: u64, size: u64, stream: u64) -> Event {
+        Event {
+            hook: Hook::Malloc,
+            size: Some(size),
+            mem_size: size.div_ceil(512) * 512,
+            mem_ptr: ptr,
+            pmem_id: Some(ptr),
+            stream: Some(stream),
+            ..Default::default()
+        }
+    }
+    fn free(ptr: u64) -> Event {
+        Event { hook: Hook::Free, mem_size: 0, mem_ptr: ptr, pmem_id: Some(ptr), ..Default::default() }
+    }
+
+    #[test]
+    fn peaks_counts_and_streams() {
+        let events = vec![
+            malloc(1, 100, 0),
+            malloc(2, 1000, 5),
+            free(1),
+            malloc(3, 50, 0),
+            free(7), // made before the trace
+            free(2),
+            Event { hook: Hook::Malloc, mem_ptr: 0, ..malloc(0, 9, 0) },
+        ];
+        let t = Timeline::from_events(&events);
+        let s = t.stats(2);
+        assert_eq!((s.mallocs, s.frees, s.live_at_end, s.failed_mallocs, s.unmatched_frees), (3, 2, 1, 1, 1));
+        assert_eq!(s.peak_in_use, 1100);
+        assert_eq!(s.peak_step, 1);
+        assert_eq!(s.peak_in_use_rounded, 512 + 1024);
+        assert_eq!(s.streams.len(), 2);
+        assert_eq!(s.streams[0].peak_in_use, 100);
+        assert_eq!(s.streams[1].peak_in_use, 1000);
+        assert_eq!(s.largest.iter().map(|a| a.size).collect::<Vec<_>>(), [1000, 100]);
+        assert_eq!(t.steps, 5);
+    }
+
+    #[test]
+    fn raw_calls_make_the_held_curve() {
+        let raw = |hook, ptr, size| Event { hook, mem_size: size, mem_ptr: ptr, ..Default::default() };
+        let t = Timeline::from_events(&[
+            raw(Hook::Alloc, 10, 1000),
+            raw(Hook::Alloc, 20, 500),
+            raw(Hook::RawFree, 10, 0),
+            raw(Hook::Alloc, 30, 700),
+            raw(Hook::RawFree, 99, 0),
+        ]);
+        let s = t.stats(0);
+        assert_eq!((s.raw_allocs, s.raw_frees, s.peak_held, s.raw_bytes_allocated), (3, 2, 1500, 2200));
+        assert_eq!(t.unmatched_raw_frees, 1);
+    }
+}

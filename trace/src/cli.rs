@@ -1,0 +1,231 @@
+//! The `gpumem-trace` command line, as a library function so that it can be run in-process.
+
+use std::fs::File;
+use std::io::{BufReader, BufWriter, Write};
+use std::path::{Path, PathBuf};
+
+use crate::plot::{self, ColorBy, PlotOptions};
+use crate::replay::{self, ReplayOptions};
+use crate::{format, import, Error, Result, Timeline, Trace};
+use clap::{Parser, Subcommand, ValueEnum};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Parser)]
+#[command(
+    name = "gpumem-trace",
+    version,
+    about = "Import, replay, summarise and plot gpumem allocation traces"
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum Source {
+    /// CuPy's DebugPrintHook output (JSON lines).
+    Cupy,
+    /// A pickled `torch.cuda.memory._snapshot()` with its recorded history.
+    Pytorch,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Converts a CuPy DebugPrintHook file or a PyTorch memory snapshot into a trace.
+    Import {
+        /// What FILE is.
+        #[arg(long = "from", value_enum)]
+        from: Source,
+        /// The file to read.
+        file: PathBuf,
+        /// The trace to write (`-` for standard output).
+        #[arg(short, long)]
+        output: PathBuf,
+        /// CuPy files: fail on a line that is not an event, instead of skipping it.
+        #[arg(long)]
+        strict: bool,
+    },
+    /// Replays the trace's allocations and frees through gpumem's pool, once per growth policy,
+    /// and prints what each held.
+    Replay {
+        /// The trace (`-` for standard input).
+        file: PathBuf,
+        /// Only this policy (default: every policy).
+        #[arg(long)]
+        policy: Option<String>,
+        /// Use expandable segments.
+        #[arg(long)]
+        expandable: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Prints peaks, counts, the largest allocations and per-stream figures.
+    Stats {
+        /// The trace (`-` for standard input).
+        file: PathBuf,
+        /// How many of the largest allocations to list.
+        #[arg(long, default_value_t = 10)]
+        top: usize,
+        /// Print JSON instead of a report.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Draws memory over time, each live allocation a band: an HTML page (self-contained,
+    /// zoomable, details on hover) or, for `-o FILE.svg`, a static SVG.
+    Plot {
+        /// The trace (`-` for standard input).
+        file: PathBuf,
+        /// The page to write: `.html` or `.svg`.
+        #[arg(short, long)]
+        output: PathBuf,
+        /// What colours the bands.
+        #[arg(long, value_enum, default_value_t = ColorBy::Stream)]
+        color_by: ColorBy,
+        /// At most this many allocations get a band of their own (the largest); the rest share
+        /// one grey band.
+        #[arg(long, default_value_t = 2000)]
+        max_bands: usize,
+        /// The title (default: the file name).
+        #[arg(long)]
+        title: Option<String>,
+    },
+}
+
+/// A progress bar on standard error for work of `len` units (hidden when stderr is not a
+/// terminal, as indicatif does by default).
+fn progress(len: u64, what: &str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({eta})")
+            .expect("the template is valid")
+            .progress_chars("=> "),
+    );
+    bar.set_message(what.to_owned());
+    bar
+}
+
+fn read_trace(path: &Path) -> Result<Trace> {
+    let bar = ProgressBar::new_spinner().with_message(format!("reading {}", path.display()));
+    bar.enable_steady_tick(std::time::Duration::from_millis(120));
+    let t = format::read_file(path);
+    bar.finish_and_clear();
+    t
+}
+
+/// A file to write, or `out` for `-`.
+fn create<'a>(path: &Path, out: &'a mut dyn Write) -> Result<Box<dyn Write + 'a>> {
+    if path.as_os_str() == "-" {
+        return Ok(Box::new(out));
+    }
+    let f = File::create(path).map_err(|e| Error::File { path: path.to_owned(), source: e })?;
+    Ok(Box::new(BufWriter::new(f)))
+}
+
+/// Parses `args` (the program name first) and runs the command, writing its report to `out`
+/// (progress bars and notes go to standard error).
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] with clap's message for bad arguments (including `--help` and
+/// `--version`, whose text is the message); otherwise the command's error.
+pub fn run<I, T>(args: I, out: &mut dyn Write) -> Result<()>
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let cli = Cli::try_parse_from(args).map_err(|e| Error::Usage(e.render().to_string(), e.use_stderr()))?;
+    run_cli(cli, out)
+}
+
+/// Runs a parsed command line.
+fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
+    match cli.command {
+        Command::Import { from, file, output, strict } => {
+            let f = File::open(&file).map_err(|e| Error::File { path: file.clone(), source: e })?;
+            let bar = ProgressBar::new_spinner().with_message(format!("importing {}", file.display()));
+            bar.enable_steady_tick(std::time::Duration::from_millis(120));
+            let (mut trace, report) = match from {
+                Source::Cupy => import::cupy(BufReader::new(f), strict)?,
+                Source::Pytorch => import::pytorch(BufReader::new(f))?,
+            };
+            bar.finish_and_clear();
+            if let Some(h) = trace.header.as_mut() {
+                h.note = Some(format!("imported from {}", file.display()));
+            }
+            trace.write(create(&output, out)?)?;
+            eprintln!(
+                "{} events written; {} lines or entries skipped; {} allocations and {} segments from before the recording put at the start",
+                report.events, report.skipped, report.earlier_allocations, report.earlier_segments
+            );
+        }
+        Command::Replay { file, policy, expandable, json } => {
+            let options = ReplayOptions { expandable };
+            replay::check_options(options)?;
+            let policies = match policy {
+                Some(name) => vec![replay::parse_policy(&name)?],
+                None => replay::POLICIES.to_vec(),
+            };
+            let trace = read_trace(&file)?;
+            let steps = replay::steps(&Timeline::new(&trace));
+            let mut results = Vec::new();
+            for p in policies {
+                let bar = progress(steps.len() as u64, replay::policy_name(p));
+                let r = replay::replay_on::<gpumem::host::Host, _>(
+                    &steps,
+                    p,
+                    0,
+                    replay::UntouchedHostMemory,
+                    &mut |done| bar.set_position(done as u64),
+                )?;
+                bar.finish_and_clear();
+                results.push(r);
+            }
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&results).expect("results serialise"))?;
+            } else {
+                writeln!(out, "{} steps replayed on the host backend\n", steps.len())?;
+                writeln!(
+                    out,
+                    "{:<28} {:>16} {:>16} {:>8} {:>10} {:>10}",
+                    "policy", "peak held", "peak in use", "ratio", "raw allocs", "raw frees"
+                )?;
+                for r in &results {
+                    writeln!(
+                        out,
+                        "{:<28} {:>16} {:>16} {:>8.3} {:>10} {:>10}",
+                        r.policy, r.peak_held, r.peak_in_use, r.ratio, r.raw_allocs, r.raw_frees
+                    )?;
+                }
+            }
+        }
+        Command::Stats { file, top, json } => {
+            let stats = Timeline::new(&read_trace(&file)?).stats(top);
+            if json {
+                writeln!(out, "{}", serde_json::to_string_pretty(&stats).expect("stats serialise"))?;
+            } else {
+                write!(out, "{}", stats.render())?;
+            }
+        }
+        Command::Plot { file, output, color_by, max_bands, title } => {
+            let trace = read_trace(&file)?;
+            let title = title.unwrap_or_else(|| {
+                file.file_name().map_or_else(|| "gpumem trace".into(), |n| n.to_string_lossy().into_owned())
+            });
+            let layout = plot::layout(&Timeline::new(&trace), &PlotOptions { max_bands, color_by, title })?;
+            let svg = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
+            let text = if svg { plot::svg(&layout) } else { plot::html(&layout) };
+            let mut w = create(&output, out)?;
+            w.write_all(text.as_bytes())?;
+            w.flush()?;
+            eprintln!(
+                "{}: {} bands ({} allocations merged into one)",
+                output.display(),
+                layout.bands.len(),
+                layout.allocations_merged
+            );
+        }
+    }
+    out.flush()?;
+    Ok(())
+}

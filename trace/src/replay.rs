@@ -1,0 +1,391 @@
+//! Replaying a trace through gpumem's pool on a counting raw allocator.
+//!
+//! Everything that touches the pool's internals (its raw-allocator trait, its growth policies,
+//! its streams) is in this file.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use gpumem::core::{SingleDeviceMemoryPool, Stream};
+use gpumem::host::Host;
+use gpumem::{BaseMemory, DeviceId, GrowthPolicy, RawAllocator, RawBlock, Runtime};
+use serde::Serialize;
+
+use crate::analysis::Timeline;
+use crate::error::{Error, Result};
+
+/// Whether this build's pool can map memory into expandable segments. It cannot yet: asking for
+/// them is an [`Error::Unavailable`].
+pub const EXPANDABLE_SEGMENTS: bool = false;
+
+/// Every growth policy of the pool, in declaration order.
+pub const POLICIES: [GrowthPolicy; 3] =
+    [GrowthPolicy::CacheUntilOutOfMemory, GrowthPolicy::ReleaseBeforeGrow, GrowthPolicy::HoldPeakInUse];
+
+/// A policy's command-line name.
+#[must_use]
+pub fn policy_name(policy: GrowthPolicy) -> &'static str {
+    // Exhaustive, so a new policy does not build until it has a name (and a place in POLICIES).
+    match policy {
+        GrowthPolicy::CacheUntilOutOfMemory => "cache-until-out-of-memory",
+        GrowthPolicy::ReleaseBeforeGrow => "release-before-grow",
+        GrowthPolicy::HoldPeakInUse => "hold-peak-in-use",
+    }
+}
+
+/// The policy named `name`: its command-line name or its Rust name (`HoldPeakInUse`), in any
+/// case.
+///
+/// # Errors
+///
+/// [`Error::InvalidArgument`] listing the names for an unknown one.
+pub fn parse_policy(name: &str) -> Result<GrowthPolicy> {
+    let wanted: String =
+        name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_lowercase();
+    POLICIES.into_iter().find(|p| policy_name(*p).replace('-', "") == wanted).ok_or_else(|| {
+        let names: Vec<&str> = POLICIES.iter().map(|p| policy_name(*p)).collect();
+        Error::InvalidArgument(format!("unknown policy {name:?}; the policies are {}", names.join(", ")))
+    })
+}
+
+/// One step of a replay.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Allocate `size` bytes on stream number `stream` (0 is the null stream), known as `id`
+    /// until freed.
+    Alloc {
+        /// The allocation's number.
+        id: usize,
+        /// Bytes asked for.
+        size: usize,
+        /// The stream, numbered from 0 in order of first use.
+        stream: usize,
+    },
+    /// Free allocation `id`.
+    Free {
+        /// The allocation's number.
+        id: usize,
+    },
+}
+
+/// The steps of a trace, in order: each allocation's requested size, its stream numbered in
+/// order of first appearance (the stream the trace calls 0, or the first one seen, is the null
+/// stream), and its free if the trace has one. Allocations of every device go to the one pool.
+#[must_use]
+pub fn steps(timeline: &Timeline) -> Vec<Step> {
+    let mut numbers: HashMap<u64, usize> = HashMap::new();
+    numbers.insert(0, 0);
+    let mut by_step: Vec<Option<Step>> = vec![None; timeline.steps];
+    for a in &timeline.allocations {
+        let next = numbers.len();
+        let stream = *numbers.entry(a.stream).or_insert(next);
+        by_step[a.start] = Some(Step::Alloc { id: a.id, size: a.size as usize, stream });
+        if let Some(end) = a.end {
+            by_step[end] = Some(Step::Free { id: a.id });
+        }
+    }
+    by_step.into_iter().flatten().collect()
+}
+
+/// Peak requested bytes in use over `steps`: what any allocator must hold at least.
+#[must_use]
+pub fn peak_in_use(steps: &[Step]) -> u64 {
+    let mut live = HashMap::new();
+    let (mut used, mut peak) = (0u64, 0u64);
+    for step in steps {
+        match *step {
+            Step::Alloc { id, size, .. } => {
+                live.insert(id, size as u64);
+                used += size as u64;
+                peak = peak.max(used);
+            }
+            Step::Free { id } => used -= live.remove(&id).unwrap_or(0),
+        }
+    }
+    peak
+}
+
+/// What a replay measured.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct ReplayResult {
+    /// The policy's name.
+    pub policy: &'static str,
+    /// The most raw bytes the pool held at once.
+    pub peak_held: u64,
+    /// The most requested bytes in use at once.
+    pub peak_in_use: u64,
+    /// `peak_held / peak_in_use` (0 for an empty trace).
+    pub ratio: f64,
+    /// Raw allocations the pool made.
+    pub raw_allocs: u64,
+    /// Raw frees the pool made while the trace ran (not counting those of dropping the pool at
+    /// the end).
+    pub raw_frees: u64,
+}
+
+/// What to replay with.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct ReplayOptions {
+    /// Map memory into expandable segments instead of allocating fixed blocks.
+    pub expandable: bool,
+}
+
+/// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
+/// a trace whose peak exceeds this machine's memory still replays).
+///
+/// # Errors
+///
+/// [`Error::Unavailable`] for `expandable` (see [`EXPANDABLE_SEGMENTS`]); [`Error::Pool`] if the
+/// pool fails (out of host memory, or `GPUMEM_GPU_MEMORY_LIMIT` below the trace's needs).
+pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
+    check_options(options)?;
+    replay_on::<Host, _>(steps, policy, 0, UntouchedHostMemory, &mut |_| {})
+}
+
+/// Checks that this build can replay with `options`.
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn check_options(options: ReplayOptions) -> Result<()> {
+    if options.expandable && !EXPANDABLE_SEGMENTS {
+        return Err(Error::Unavailable(
+            "--expandable: expandable segments are not available in this build (gpumem's pool allocates fixed blocks)"
+                .into(),
+        ));
+    }
+    Ok(())
+}
+
+/// Replays `steps` through a pool of backend `B` on `device`, whose raw memory comes from
+/// `inner` through a counting allocator; `progress` is called with the number of steps done
+/// every 4096 steps.
+///
+/// Each stream number of the trace gets a stream of its own (number 0 the null stream), so each
+/// goes to its own arena, as in the recorded program.
+///
+/// # Errors
+///
+/// [`Error::Pool`] if the pool or the backend fails.
+pub fn replay_on<B: Runtime, A: RawAllocator>(
+    steps: &[Step],
+    policy: GrowthPolicy,
+    device: DeviceId,
+    inner: A,
+    progress: &mut dyn FnMut(usize),
+) -> Result<ReplayResult>
+where
+    A::Block: BaseMemory<B>,
+{
+    let counter = Arc::new(Counter::default());
+    let counting = Counting { inner, counter: Arc::clone(&counter) };
+    let pool = SingleDeviceMemoryPool::<B, _>::with_allocator(device, counting)?;
+    pool.set_growth_policy(policy);
+    let n_streams = steps
+        .iter()
+        .filter_map(|s| if let Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
+        .max();
+    let streams = (0..n_streams.map_or(0, |n| n + 1))
+        .map(|i| if i == 0 { Ok(Stream::<B>::null()) } else { Stream::<B>::non_blocking() })
+        .collect::<gpumem::Result<Vec<_>>>()?;
+    let mut live = HashMap::new();
+    for (i, step) in steps.iter().enumerate() {
+        match *step {
+            Step::Alloc { id, size, stream } => {
+                let _current = streams[stream].enter()?;
+                live.insert(id, pool.malloc_pooled(size)?);
+            }
+            Step::Free { id } => drop(live.remove(&id)),
+        }
+        if i % 4096 == 4095 {
+            progress(i + 1);
+        }
+    }
+    progress(steps.len());
+    let raw_frees = counter.frees.load(Ordering::Relaxed);
+    drop(live);
+    drop(pool);
+    let peak_in_use = peak_in_use(steps);
+    let peak_held = counter.peak.load(Ordering::Relaxed) as u64;
+    Ok(ReplayResult {
+        policy: policy_name(policy),
+        peak_held,
+        peak_in_use,
+        ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
+        raw_allocs: counter.allocs.load(Ordering::Relaxed),
+        raw_frees,
+    })
+}
+
+/// A raw allocator for the host backend whose blocks are host memory that nothing writes.
+///
+/// The host backend's own allocator zeroes each block and counts it against the simulated
+/// device's capacity, so replaying a GPU's trace would need that much real memory. A replay never
+/// reads or writes its blocks, so these are left uninitialised: the system's allocator maps large
+/// blocks without committing their pages, and a trace of tens of gigabytes replays on a machine
+/// with less. The blocks are real, writable host memory, as the host backend's are, but they are
+/// not in its registry of allocations (its copies would not know their device).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct UntouchedHostMemory;
+
+/// The host backend's alignment, the pool's unit.
+const HOST_ALIGN: usize = 512;
+
+/// A block of [`UntouchedHostMemory`].
+#[derive(Debug)]
+pub struct HostBlock {
+    ptr: std::ptr::NonNull<u8>,
+    layout: std::alloc::Layout,
+    device: DeviceId,
+}
+
+// SAFETY: the block is plain host memory owned by this value alone; nothing about it is tied
+// to the thread that allocated it.
+unsafe impl Send for HostBlock {}
+// SAFETY: this value never reads or writes the block; sharing it shares only its address.
+unsafe impl Sync for HostBlock {}
+
+// SAFETY: `ptr..ptr + size` was allocated with `layout` by the global allocator, is writable
+// host memory (the host backend's device memory is host memory) for as long as this value
+// lives, and the three values never change.
+unsafe impl BaseMemory<Host> for HostBlock {
+    fn ptr(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+    fn size(&self) -> usize {
+        self.layout.size()
+    }
+    fn device_id(&self) -> DeviceId {
+        self.device
+    }
+    fn identity(&self) -> &'static str {
+        "UntouchedHostMemory"
+    }
+}
+
+impl Drop for HostBlock {
+    fn drop(&mut self) {
+        // SAFETY: `ptr` came from `alloc(layout)` and is freed once, here.
+        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+impl RawBlock for HostBlock {
+    fn address(&self) -> usize {
+        self.ptr.as_ptr() as usize
+    }
+    fn size(&self) -> usize {
+        self.layout.size()
+    }
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+}
+
+impl RawAllocator for UntouchedHostMemory {
+    type Block = HostBlock;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<HostBlock> {
+        let oom = || gpumem::Error::OutOfMemory { size, total: None };
+        let layout = std::alloc::Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| oom())?;
+        // SAFETY: `layout` has a non-zero size and a power-of-two alignment.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(oom)?;
+        Ok(HostBlock { ptr, layout, device })
+    }
+}
+
+/// What the counting allocator has seen.
+#[derive(Debug, Default)]
+struct Counter {
+    held: AtomicUsize,
+    peak: AtomicUsize,
+    allocs: AtomicU64,
+    frees: AtomicU64,
+}
+
+/// A raw allocator that forwards to another and counts its calls, the bytes held and their
+/// peak.
+struct Counting<A> {
+    inner: A,
+    counter: Arc<Counter>,
+}
+
+/// A block from [`Counting`]: the inner block, and the counter to tell when it is freed.
+#[derive(Debug)]
+struct Counted<K> {
+    mem: K,
+    counter: Arc<Counter>,
+    size_counted: usize,
+}
+
+// SAFETY: every method forwards to `mem`, a memory object of `B` that this value owns and never
+// changes, so its promise (the range is device memory of `B` for as long as it lives) is this
+// value's.
+unsafe impl<B: Runtime, K: BaseMemory<B>> BaseMemory<B> for Counted<K> {
+    fn ptr(&self) -> usize {
+        self.mem.ptr()
+    }
+    fn size(&self) -> usize {
+        self.mem.size()
+    }
+    fn device_id(&self) -> DeviceId {
+        self.mem.device_id()
+    }
+}
+
+impl<K: RawBlock> RawBlock for Counted<K> {
+    fn address(&self) -> usize {
+        self.mem.address()
+    }
+    fn size(&self) -> usize {
+        self.mem.size()
+    }
+    fn device(&self) -> DeviceId {
+        self.mem.device()
+    }
+}
+
+impl<K> Drop for Counted<K> {
+    fn drop(&mut self) {
+        // `Counted` is only made by `Counting::allocate`, which records the size it counted.
+        self.counter.held.fetch_sub(self.size_counted, Ordering::Relaxed);
+        self.counter.frees.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl<A: RawAllocator> RawAllocator for Counting<A> {
+    type Block = Counted<A::Block>;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Self::Block> {
+        let mem = self.inner.allocate(device, size)?;
+        let size = mem.size();
+        let now = self.counter.held.fetch_add(size, Ordering::Relaxed) + size;
+        self.counter.peak.fetch_max(now, Ordering::Relaxed);
+        self.counter.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(Counted { mem, counter: Arc::clone(&self.counter), size_counted: size })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_names_parse_back() {
+        for p in POLICIES {
+            assert_eq!(parse_policy(policy_name(p)).unwrap(), p);
+            assert_eq!(parse_policy(&format!("{p:?}")).unwrap(), p);
+        }
+        assert!(
+            matches!(parse_policy("lru"), Err(Error::InvalidArgument(m)) if m.contains("hold-peak-in-use"))
+        );
+    }
+
+    #[test]
+    fn expandable_is_refused_clearly() {
+        let e = replay(&[], GrowthPolicy::HoldPeakInUse, ReplayOptions { expandable: true }).unwrap_err();
+        assert!(e.to_string().contains("not available in this build"), "{e}");
+    }
+}
