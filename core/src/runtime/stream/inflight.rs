@@ -126,9 +126,10 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
         .then(|| inflight.captures.read_recursive());
     let capturing = match &captures {
         Some(map) if map.contains_key(&target.identity) => true,
-        // SAFETY: the caller keeps the handle live.
         Some(_) => {
-            matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active))
+            // SAFETY: the caller keeps the handle live.
+            let status = unsafe { B::capture_status(target.device, target.handle) };
+            matches!(status, Ok(CaptureStatus::Active))
         }
         None => false,
     };
