@@ -23,7 +23,8 @@ macro_rules! __capture_tests {
                     let s = Stream::non_blocking().unwrap();
                     if !supports_capture() {
                         assert!(matches!(s.begin_capture(None), Err(Error::Unsupported { .. })));
-                        assert!(matches!(s.is_capturing(), Err(Error::Unsupported { .. })));
+                        // Without capture no stream is ever capturing (CuPy skips its checks on HIP).
+                        assert!(!s.is_capturing().unwrap());
                         assert!(matches!(s.end_capture(), Err(Error::Unsupported { .. })));
                         return;
                     }

@@ -542,13 +542,14 @@ impl<B: Runtime> Stream<B> {
         Ok(Graph::new(raw, dev, host_fns))
     }
 
-    /// Whether the stream is capturing.
+    /// Whether the stream is capturing; always `false` on a backend without capture (the backend
+    /// is not asked).
     ///
     /// # Errors
     ///
-    /// [`Error::CaptureInvalidated`] when an error invalidated the capture (CuPy fails too);
-    /// `Unsupported` on a backend without capture; the runtime's error, for instance when the
-    /// null stream is queried while a blocking stream captures.
+    /// [`Error::CaptureInvalidated`] when an error invalidated the capture (CuPy fails too); the
+    /// runtime's error, for instance when the null stream is queried while a blocking stream
+    /// captures.
     pub fn is_capturing(&self) -> Result<bool> {
         if !B::CAPS.capture {
             return Ok(false);
