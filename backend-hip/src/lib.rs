@@ -114,6 +114,31 @@
 //! ignored with the reason, and fail, rather than skip, when run with `--include-ignored` where
 //! no device is found. None of them has run on AMD hardware yet.
 //!
+//! # Testing on NVIDIA GPUs, and what that cannot tell
+//!
+//! `scripts/hip-on-cuda/` holds a small `libamdhip64.so` written on the CUDA runtime (for
+//! testing only): it exports every entry point this crate calls with HIP 5.2's ABI and
+//! translates status codes both ways. `scripts/gpu-hip-tests.sh` builds it with nvcc on an
+//! NVIDIA machine and runs this crate's tests and its conformance suite through it
+//! (`GPUMEM_REQUIRE_DEVICE=1`, `--include-ignored`), then under compute-sanitizer's memcheck. That
+//! checks this crate's own logic (argument passing, the entry-point table, code mapping, the
+//! device cache, callbacks and host functions, the stream-ordered allocator's setup) on a real
+//! GPU. It cannot tell what only AMD's runtime does:
+//!
+//! - hipamd's own semantics where they differ from CUDA's: whether `hipMemcpy`/`hipMemset`
+//!   block, how the null stream synchronises, the order and thread callbacks run on, the
+//!   priority range ((1, -1) on HIP 5.2, CUDA's (0, -5) through the shim);
+//! - AMD devices' attributes (gfx architecture as "compute capability", memory-pool support and
+//!   its release threshold on ROCm, unified addressing on every ROCm process);
+//! - the codes AMD's runtime actually returns (the shim returns CUDA's translated, and answers
+//!   `hipErrorInvalidValue` for unregistered host pointers and the null stream's flags as HIP 5
+//!   does by design, not by observation), and `hipGetErrorString`'s texts (CUDA's, through the
+//!   shim);
+//! - ROCm 6's changes (the renumbered `hipMemoryType`, the `.so.6` library name): the shim
+//!   reports version 5.2;
+//! - multi-GPU peer access over AMD's fabric, `/dev/kfd` detection, and anything about HIP's
+//!   kernel-side behaviour (gpumem launches no kernels).
+//!
 //! [hip-sys]: https://crates.io/crates/hip-sys
 
 // ROCm runs on 64-bit hosts only, and this crate converts between gpumem's `usize` addresses and
