@@ -75,6 +75,11 @@ pub use gpumem_hooks::DebugPrintHook;
 #[cfg(feature = "line-profile")]
 pub use gpumem_hooks::LineProfileHook;
 
+/// The backend chosen at run time among those built in: CUDA where its driver finds a device,
+/// else HIP, else the host; `GPUMEM_BACKEND=cuda|hip|host` overrides. Use it as any backend:
+/// `gpumem::core::MemoryPool::<gpumem::auto::Auto>::new()`.
+#[cfg(any(feature = "cuda", feature = "hip"))]
+pub use gpumem_auto as auto;
 /// The host backend (always available).
 pub use gpumem_core::host;
 /// The CUDA backend.

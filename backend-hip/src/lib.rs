@@ -9,17 +9,25 @@
 //!
 //! # The runtime and hip-sys
 //!
-//! The runtime is reached through [hip-sys]'s raw bindings (`hip_sys::hiprt`, generated from HIP
-//! 5.4's headers) with this crate's own thin checked-call layer (`result.rs`). hip-sys types
-//! every status code as a Rust enum, and receiving a value it does not list would be undefined
-//! behaviour, so `result.rs` declares the functions this crate calls again with the code as a
-//! plain integer; hip-sys supplies the handle types, the argument enums and constants, and the
-//! link to the library.
+//! The runtime is loaded at run time, as the CUDA backend loads libcuda: the first operation
+//! opens `libamdhip64` with `dlopen` (through libloading) and resolves every entry point this
+//! crate calls before calling any (`result.rs`, whose unit test keeps the list in step with the
+//! calls). [hip-sys] (its raw bindings, `hip_sys::hiprt`, generated from HIP 5.4's headers)
+//! supplies only the types: handles, argument enums and constants. hip-sys types every status
+//! code as a Rust enum, and receiving a value it does not list would be undefined behaviour, so
+//! this crate declares the entry points itself, with the code as a plain integer.
 //!
-//! hip-sys's build script links `amdhip64` at link time. It looks for
+//! The library is looked for as `libamdhip64.so`, `libamdhip64.so.6` and `libamdhip64.so.5`,
+//! first under `$HIP_PATH/lib` when `HIP_PATH` is set, then on the dynamic loader's search path
+//! (`LD_LIBRARY_PATH`, the system's folders). [`runtime_library`] says which was loaded.
+//!
+//! Building still needs HIP's headers: hip-sys's build script looks for
 //! `include/hip/hip_runtime_api.h` under `hipconfig -p`, `$HIP_PATH`, `$ROCM_PATH`, `/opt/rocm`
-//! and `/opt/rocm/hip`, fails the build when none has it, and adds `$HIP_PATH/lib` to the
-//! library path. On Debian 12, `libamdhip64-dev` (HIP 5.2.3) installs both under `/usr`:
+//! and `/opt/rocm/hip`, fails the build when none has it, and asks the linker for `amdhip64`
+//! from `$HIP_PATH/lib`. No symbol of the library is referenced, so the linker (`--as-needed`,
+//! rustc's default on Linux) records no dependency on it: `readelf -d` on a program of this crate
+//! lists no `libamdhip64`, and CI checks that. On Debian 12, `libamdhip64-dev` (HIP 5.2.3)
+//! installs headers and library under `/usr`:
 //!
 //! ```text
 //! apt-get install -y libamdhip64-dev
@@ -28,17 +36,13 @@
 //!
 //! # A missing runtime library
 //!
-//! Differs from the CUDA backend, which loads libcuda at run time: because `libamdhip64` is
-//! linked, a program built with this backend needs `libamdhip64.so.5` to start at all. Without it
-//! the dynamic loader stops the program before `main` ("error while loading shared libraries"),
-//! so this backend never returns [`Error::DriverNotFound`](gpumem_core::Error::DriverNotFound).
-//! (Loading the library at run time would mean resolving every function through `dlopen`, with
-//! hip-sys kept for its types while its build script still requires the headers; gpumem does not
-//! do that.) What the library itself reports is mapped in full: on a machine with the library
-//! but no AMD GPU (no `/dev/kfd`), `hipGetDeviceCount` answers `hipErrorNoDevice`, and every
-//! operation of this backend that would call the runtime then returns
-//! [`Error::NoDevice`](gpumem_core::Error::NoDevice) (the capture operations, which never call
-//! it, stay `Unsupported`).
+//! A program built with this backend starts on any machine. Where no `libamdhip64` loads, or
+//! the one found lacks an entry point (a runtime older than HIP 5.2), every operation of this
+//! backend returns [`Error::DriverNotFound`](gpumem_core::Error::DriverNotFound), saying what was
+//! tried and what to install (the capture operations, which never call the runtime, stay
+//! `Unsupported`). On a machine with the library but no AMD GPU (no `/dev/kfd`),
+//! `hipGetDeviceCount` answers `hipErrorNoDevice`, and every operation that would call the
+//! runtime then returns [`Error::NoDevice`](gpumem_core::Error::NoDevice).
 //!
 //! # Errors
 //!
@@ -110,6 +114,31 @@
 //! ignored with the reason, and fail, rather than skip, when run with `--include-ignored` where
 //! no device is found. None of them has run on AMD hardware yet.
 //!
+//! # Testing on NVIDIA GPUs, and what that cannot tell
+//!
+//! `scripts/hip-on-cuda/` holds a small `libamdhip64.so` written on the CUDA runtime (for
+//! testing only): it exports every entry point this crate calls with HIP 5.2's ABI and
+//! translates status codes both ways. `scripts/gpu-hip-tests.sh` builds it with nvcc on an
+//! NVIDIA machine and runs this crate's tests and its conformance suite through it
+//! (`GPUMEM_REQUIRE_DEVICE=1`, `--include-ignored`), then under compute-sanitizer's memcheck. That
+//! checks this crate's own logic (argument passing, the entry-point table, code mapping, the
+//! device cache, callbacks and host functions, the stream-ordered allocator's setup) on a real
+//! GPU. It cannot tell what only AMD's runtime does:
+//!
+//! - hipamd's own semantics where they differ from CUDA's: whether `hipMemcpy`/`hipMemset`
+//!   block, how the null stream synchronises, the order and thread callbacks run on, the
+//!   priority range ((1, -1) on HIP 5.2, CUDA's (0, -5) through the shim);
+//! - AMD devices' attributes (gfx architecture as "compute capability", memory-pool support and
+//!   its release threshold on ROCm, unified addressing on every ROCm process);
+//! - the codes AMD's runtime actually returns (the shim returns CUDA's translated, and answers
+//!   `hipErrorInvalidValue` for unregistered host pointers and the null stream's flags as HIP 5
+//!   does by design, not by observation), and `hipGetErrorString`'s texts (CUDA's, through the
+//!   shim);
+//! - ROCm 6's changes (the renumbered `hipMemoryType`, the `.so.6` library name): the shim
+//!   reports version 5.2;
+//! - multi-GPU peer access over AMD's fabric, `/dev/kfd` detection, and anything about HIP's
+//!   kernel-side behaviour (gpumem launches no kernels).
+//!
 //! [hip-sys]: https://crates.io/crates/hip-sys
 
 // ROCm runs on 64-bit hosts only, and this crate converts between gpumem's `usize` addresses and
@@ -124,11 +153,25 @@ mod memory;
 mod result;
 mod stream;
 
+use std::path::Path;
+
 use gpumem_core::{Api, Caps, Runtime};
 
 pub use event::HipEvent;
 pub use graph::HipGraph;
 pub use stream::HipStream;
+
+/// Loads the HIP runtime library, if no operation has yet, and says where it was found: the path
+/// under `$HIP_PATH/lib`, or the bare name the dynamic loader resolved (`libamdhip64.so`, `.so.6`
+/// or `.so.5`). Loading happens once per process; every operation of [`Hip`] starts from it.
+///
+/// # Errors
+///
+/// `Error::DriverNotFound` when no libamdhip64 loads or the one found lacks an entry point this
+/// crate calls; the message says what was tried and what to install.
+pub fn runtime_library() -> gpumem_core::Result<&'static Path> {
+    result::library()
+}
 
 /// The HIP backend: a marker type whose associated functions are HIP runtime calls. See the
 /// [crate docs](crate).

@@ -552,8 +552,8 @@ impl<B: Runtime> Stream<B> {
     /// # Errors
     ///
     /// [`Error::CaptureInvalidated`] when an error invalidated the capture (CuPy fails too);
-    /// `Unsupported` on a backend without capture; the runtime's error, for instance when the
-    /// null stream is queried while a blocking stream captures.
+    /// `Unsupported` on a backend without capture (the backend is not asked); the runtime's
+    /// error, for instance when the null stream is queried while a blocking stream captures.
     pub fn is_capturing(&self) -> Result<bool> {
         if !B::CAPS.capture {
             return Err(Error::Unsupported { operation: "capture_status", backend: B::NAME });
