@@ -156,7 +156,13 @@ macro_rules! __streams_tests {
                     for s in [Stream::null(), Stream::per_thread()] {
                         p.memset_async(1, 64, Some(&s)).unwrap();
                         s.synchronize().unwrap();
-                        assert!(s.done());
+                        // The null stream's query also covers the blocking streams other tests
+                        // run in parallel, so only the answer, not its value, is checked there.
+                        if s == Stream::null() {
+                            assert!(s.query().is_ok());
+                        } else {
+                            assert!(s.done());
+                        }
                     }
                 }
             }

@@ -67,13 +67,15 @@ impl<B: Runtime> Drop for PinnedMemory<B> {
     fn drop(&mut self) {
         if !self.ptr.is_null() {
             let (device, ptr) = (self.device, self.ptr as usize);
-            crate::runtime::state::drop_outside_callbacks::<B>(move || {
+            // On the freeing thread: `cuMemFreeHost` waits for the device, and a stream may be
+            // waiting for this thread.
+            crate::runtime::state::free_in_background::<B>(Box::new(move || {
                 // SAFETY: `ptr` came from `B::malloc_host` and is freed once, here. Transfers
                 // using it keep it alive (the ownership model), so none is pending.
                 if let Err(e) = unsafe { B::free_host(device, ptr as *mut u8) } {
                     record_drop_error::<B>(e);
                 }
-            });
+            }));
         }
     }
 }

@@ -177,6 +177,10 @@ pub struct Globals<B: Runtime> {
     /// done at the next `synchronize` or asynchronous operation on a user thread.
     pub(crate) deferred_drops: parking_lot::Mutex<Vec<Box<dyn FnOnce() + Send>>>,
     pub(crate) any_deferred_drops: std::sync::atomic::AtomicBool,
+    /// The thread that frees pinned memory (see `free_in_background`); `None` if it could not
+    /// start.
+    pub(crate) reaper:
+        OnceLock<Option<parking_lot::Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>>>,
     /// The first error a `Drop` met (a failed free or destroy) since it was last reported: the
     /// next `synchronize` of a stream or device, or [`take_deferred_error`], reports it.
     pub(crate) deferred: parking_lot::Mutex<Option<Error>>,
@@ -197,6 +201,7 @@ impl<B: Runtime> Globals<B> {
             inflight: crate::runtime::stream::inflight::InFlight::new(),
             deferred_drops: parking_lot::Mutex::new(Vec::new()),
             any_deferred_drops: std::sync::atomic::AtomicBool::new(false),
+            reaper: OnceLock::new(),
             deferred: parking_lot::Mutex::new(None),
             any_deferred: std::sync::atomic::AtomicBool::new(false),
         }
@@ -252,6 +257,31 @@ pub(crate) fn drop_outside_callbacks<B: Runtime>(drop: impl FnOnce() + Send + 's
         g.any_deferred_drops.store(true, Ordering::Release);
     } else {
         drop();
+    }
+}
+
+/// Runs `free` on the backend's freeing thread, so that a free the runtime makes wait for the
+/// whole device (`cuMemFreeHost` does) never waits on the caller's thread, which a stream may be
+/// waiting for (a host function blocked on the caller would then never finish). Falls back to
+/// running it here when the thread cannot be started.
+pub(crate) fn free_in_background<B: Runtime>(free: Box<dyn FnOnce() + Send>) {
+    let g = B::globals();
+    let sender = g.reaper.get_or_init(|| {
+        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let spawned = std::thread::Builder::new().name(format!("gpumem-{}-free", B::NAME)).spawn(move || {
+            for free in rx {
+                free();
+            }
+        });
+        spawned.ok().map(|_| parking_lot::Mutex::new(tx))
+    });
+    match sender {
+        Some(tx) => {
+            if let Err(std::sync::mpsc::SendError(free)) = tx.lock().send(free) {
+                free();
+            }
+        }
+        None => free(),
     }
 }
 
