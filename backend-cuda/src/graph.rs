@@ -101,9 +101,7 @@ impl GraphOps for Cuda {
         let mut status: c_uint = 0;
         // SAFETY: a context is current; the handle is live; `status` has the size and alignment of
         // the C enum the driver writes.
-        let r = unsafe {
-            sys::cuStreamIsCapturing(stream.0, &mut status)
-        };
+        let r = unsafe { sys::cuStreamIsCapturing(stream.0, &mut status) };
         check("cuStreamIsCapturing", r)?;
         match status {
             0 => Ok(CaptureStatus::None),

@@ -17,7 +17,7 @@
 //! [`Error::DriverNotFound`](gpumem_core::Error::DriverNotFound); `CUDA_ERROR_NO_DEVICE` is
 //! [`Error::NoDevice`](gpumem_core::Error::NoDevice).
 //!
-//! [cudarc] is an optional dependency, for interop only (the `cudarc` feature: the `interop`
+//! [cudarc](https://docs.rs/cudarc/0.19) is an optional dependency, for interop only (the `cudarc` feature: the `interop`
 //! module, and cudarc itself re-exported as `gpumem_cuda::cudarc`). Any cudarc 0.19 release will
 //! do, and gpumem picks none of cudarc's `cuda-XXXXX` version features, so an application's own
 //! cudarc (with whichever version feature and loading mode it uses) and gpumem build together;

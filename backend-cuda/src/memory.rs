@@ -40,8 +40,7 @@ fn prepare_async_pool(slot: &DeviceSlot) -> Result<()> {
     let supported = match slot.async_pool.get() {
         Some(&supported) => supported,
         None => {
-            let supported =
-                device::attribute(slot, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0;
+            let supported = device::attribute(slot, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0;
             if supported {
                 raise_release_threshold(slot)?;
             }

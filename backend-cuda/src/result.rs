@@ -33,7 +33,6 @@ pub(crate) const ERROR_NOT_READY: CUresult = 600;
 /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
 pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 
-
 /// The integer value of a driver result (already an integer: kept so call sites read the same).
 #[inline]
 pub(crate) fn code(result: CUresult) -> CUresult {
@@ -241,10 +240,7 @@ mod tests {
     #[test]
     fn success_is_ok_and_no_device_maps_without_the_driver() {
         assert!(check("cuInit", SUCCESS).is_ok());
-        assert!(matches!(
-            check("cuInit", ERROR_NO_DEVICE),
-            Err(Error::NoDevice { backend: "cuda" })
-        ));
+        assert!(matches!(check("cuInit", ERROR_NO_DEVICE), Err(Error::NoDevice { backend: "cuda" })));
         assert!(matches!(
             check_alloc("cuMemAlloc_v2", ERROR_OUT_OF_MEMORY, 4096),
             Err(Error::OutOfMemory { size: 4096, total: None })

@@ -147,11 +147,7 @@ impl StreamOps for Cuda {
     /// The driver's error.
     fn stream_create(dev: DeviceId, flags: StreamFlags, priority: i32) -> Result<CudaStream> {
         make_current(dev)?;
-        let bits = if flags.non_blocking {
-            sys::CU_STREAM_NON_BLOCKING
-        } else {
-            sys::CU_STREAM_DEFAULT
-        };
+        let bits = if flags.non_blocking { sys::CU_STREAM_NON_BLOCKING } else { sys::CU_STREAM_DEFAULT };
         let mut stream: CUstream = ptr::null_mut();
         // SAFETY: `dev`'s context is current; `stream` is a valid out-pointer; the flags are the
         // driver's.

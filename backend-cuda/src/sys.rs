@@ -12,7 +12,7 @@
 //!
 //! The library is opened under the driver's names (`libcuda.so.1`, then `libcuda.so`; `nvcuda.dll`
 //! on Windows), the same library cudarc opens: the dynamic loader hands both the one copy already
-//! loaded in the process. It is never closed. Every entry point in [`SYMBOLS`] is exported by
+//! loaded in the process. It is never closed. Every entry point declared here is exported by
 //! every driver from CUDA 12.0 on, under the plain (not `_ptsz`) name, which is also the name
 //! cudarc's dynamic loading uses.
 //!
@@ -21,7 +21,7 @@
 //! binding of the driver (cudarc's, say), cast the pointer: both name the same driver object.
 //!
 //! A call made before the table is loaded returns `CUDA_ERROR_NOT_INITIALIZED` instead of
-//! panicking; [`crate::result::init`] loads it before any other call.
+//! panicking; the crate loads it before any other call.
 
 #![allow(non_snake_case, non_camel_case_types)]
 
@@ -249,7 +249,11 @@ pub(crate) fn library_present() -> bool {
 ///
 /// No library, or the first entry point it lacks.
 pub(crate) fn load() -> Result<(), LoadError> {
-    match TABLE.get_or_init(|| library().ok_or(LoadError::NoLibrary).and_then(|lib| Table::load(lib).map_err(LoadError::MissingSymbol))) {
+    match TABLE.get_or_init(|| {
+        library()
+            .ok_or(LoadError::NoLibrary)
+            .and_then(|lib| Table::load(lib).map_err(LoadError::MissingSymbol))
+    }) {
         Ok(_) => Ok(()),
         Err(e) => Err(*e),
     }
