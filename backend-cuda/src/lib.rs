@@ -67,6 +67,8 @@
 //!   `cuStreamEndCapture` and `cuGraphInstantiateWithFlags(.., 0)`; capture status comes from
 //!   `cuStreamIsCapturing`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 // CUDA runs on 64-bit hosts only, and this crate converts between gpumem's `usize` addresses and
 // the driver's 64-bit `CUdeviceptr` with plain casts.
 #[cfg(not(target_pointer_width = "64"))]
@@ -75,6 +77,9 @@ compile_error!("gpumem-cuda needs a 64-bit target");
 mod device;
 mod event;
 mod graph;
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+pub mod interop;
 mod memory;
 mod result;
 mod stream;
@@ -82,6 +87,11 @@ pub mod sys;
 
 use gpumem_core::{Api, Caps, Runtime};
 
+/// The cudarc gpumem interoperates with (the `cudarc` feature), for applications without their
+/// own dependency on it.
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+pub use cudarc;
 pub use event::CudaEvent;
 pub use graph::CudaGraph;
 pub use stream::CudaStream;
