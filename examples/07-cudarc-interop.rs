@@ -50,7 +50,8 @@ fn main() -> Result<(), Box<dyn Error>> {
         // SAFETY: the kernel's parameters are (float, const float*, float*, unsigned int), as
         // pushed; `x` and `y` hold `N` floats each and outlive the launch (the stream is
         // synchronised below, before they are dropped).
-        unsafe { launch.launch(LaunchConfig::for_num_elems(N)) }.map_err(|e| interop::driver_error("cuLaunchKernel", &e))?;
+        unsafe { launch.launch(LaunchConfig::for_num_elems(N)) }
+            .map_err(|e| interop::driver_error("cuLaunchKernel", &e))?;
         Ok(())
     })?;
     stream.synchronize()?;

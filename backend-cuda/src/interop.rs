@@ -54,7 +54,9 @@ use std::mem::ManuallyDrop;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use bytemuck::Pod;
-use cudarc::driver::{CudaContext, CudaSlice, CudaStream as CudarcStream, DriverError, LaunchArgs, PushKernelArg};
+use cudarc::driver::{
+    CudaContext, CudaSlice, CudaStream as CudarcStream, DriverError, LaunchArgs, PushKernelArg,
+};
 use gpumem_core::{DeviceBuffer, DeviceId, Error, MemoryPointer, Result, Stream};
 
 use crate::result::BACKEND;
@@ -64,7 +66,8 @@ use crate::{Cuda, CudaStream};
 /// driver's name and text.
 #[must_use]
 pub fn driver_error(api: &'static str, e: &DriverError) -> Error {
-    let name = e.error_name().map_or_else(|_| "CUresult (unnamed)".to_owned(), |s| s.to_string_lossy().into_owned());
+    let name =
+        e.error_name().map_or_else(|_| "CUresult (unnamed)".to_owned(), |s| s.to_string_lossy().into_owned());
     let message = e.error_string().map_or_else(|_| e.to_string(), |s| s.to_string_lossy().into_owned());
     Error::backend(BACKEND, api, i64::from(e.0 as i32), name, message)
 }
@@ -107,7 +110,10 @@ pub fn context(dev: DeviceId) -> Result<Arc<CudaContext>> {
 ///
 /// `InvalidArgument` for a stream of no device (a foreign stream wrapped without one); the
 /// context's errors; what `f` returns.
-pub fn with_cudarc_stream<R>(stream: &Stream<Cuda>, f: impl FnOnce(&Arc<CudarcStream>) -> Result<R>) -> Result<R> {
+pub fn with_cudarc_stream<R>(
+    stream: &Stream<Cuda>,
+    f: impl FnOnce(&Arc<CudarcStream>) -> Result<R>,
+) -> Result<R> {
     let dev = stream
         .device_id()
         .ok_or_else(|| Error::InvalidArgument("with_cudarc_stream: the stream has no device".into()))?;
