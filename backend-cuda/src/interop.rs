@@ -211,8 +211,11 @@ impl<T> Drop for CudarcSlice<'_, T> {
 #[derive(Debug)]
 pub struct KernelArg<'a, T> {
     ptr: u64,
-    _buffer: PhantomData<(&'a MemoryPointer<Cuda>, fn() -> T)>,
+    _buffer: Borrow<'a, T>,
 }
+
+/// What a [`KernelArg`] borrows: the buffer's memory, for elements of `T`.
+type Borrow<'a, T> = PhantomData<(&'a MemoryPointer<Cuda>, fn() -> T)>;
 
 /// The kernel argument for `buffer`'s elements (`T*` in the kernel).
 #[must_use]

@@ -86,7 +86,7 @@ macro_rules! __buffers_tests {
                     assert_eq!(buf.slice(..).unwrap().len(), 100);
                     assert_eq!(buf.slice(100..).unwrap().len(), 0);
                     assert_eq!(buf.slice(..=99).unwrap().len(), 100);
-                    for bad in [buf.slice(0..101), buf.slice(99..=100), buf.slice(101..), buf.slice(50..40)] {
+                    for bad in [buf.slice(0..101), buf.slice(99..=100), buf.slice(101..), buf.slice((std::ops::Bound::Included(50), std::ops::Bound::Excluded(40)))] {
                         assert!(matches!(bad, Err(Error::OutOfBounds { .. })), "{bad:?}");
                     }
                     // A slice of a slice is checked against its own length.
@@ -131,7 +131,7 @@ macro_rules! __buffers_tests {
                         DeviceBuffer::<u64>::from_pointer(p.clone(), usize::MAX / 4),
                         Err(Error::InvalidArgument(_))
                     ));
-                    assert!(matches!(DeviceBuffer::<u8>::zeros(usize::MAX).map(drop), Err(_)));
+                    assert!(DeviceBuffer::<u8>::zeros(usize::MAX).is_err());
                 }
 
                 fn async_forms_on_a_stream() {

@@ -146,7 +146,7 @@ impl<T: Pod, B: Runtime> DeviceBuffer<T, B> {
     pub fn from_pointer(ptr: MemoryPointer<B>, len: usize) -> Result<Self> {
         let bytes = byte_len::<T>(len, "DeviceBuffer::from_pointer")?;
         ptr.check(bytes, "DeviceBuffer::from_pointer")?;
-        if len != 0 && ptr.ptr() % std::mem::align_of::<T>() != 0 {
+        if len != 0 && !ptr.ptr().is_multiple_of(std::mem::align_of::<T>()) {
             return Err(Error::InvalidArgument(format!(
                 "DeviceBuffer::from_pointer: address {:#x} is not aligned to {} bytes for {}",
                 ptr.ptr(),
