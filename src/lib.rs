@@ -60,6 +60,7 @@
 #[cfg(doctest)]
 pub struct ReadmeDoctests;
 
+pub use bytemuck;
 pub use gpumem_core as core;
 pub use gpumem_core::hal::{
     Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, MemInfo,
@@ -102,6 +103,9 @@ cfg_if::cfg_if! {
     }
 }
 
+/// `len` elements of a plain-old-data `T` in device memory of the default backend, from the
+/// current allocator (see [`gpumem_core::runtime::buffer`]).
+pub type DeviceBuffer<T> = gpumem_core::DeviceBuffer<T, DefaultBackend>;
 /// A device of the default backend (CuPy's `cupy.cuda.Device`).
 pub type Device = gpumem_core::Device<DefaultBackend>;
 /// The default backend's device allocator (each raw block a [`Memory`]).

@@ -12,7 +12,7 @@ use std::ptr;
 use std::sync::atomic::{AtomicPtr, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 
-use cudarc::driver::sys::{self, CUcontext, CUctx_st, CUdevice, CUdevice_attribute, CUresult};
+use crate::sys::{self, CUcontext, CUctx_st, CUdevice, CUresult};
 use gpumem_core::{DeviceId, DeviceOps, DeviceProperties, DevicePtr, Error, MemInfo, Result};
 
 use crate::Cuda;
@@ -170,10 +170,10 @@ pub(crate) fn make_current(dev: DeviceId) -> Result<&'static DeviceSlot> {
 /// # Errors
 ///
 /// The driver's error.
-pub(crate) fn attribute(slot: &DeviceSlot, attribute: CUdevice_attribute) -> Result<i32> {
+pub(crate) fn attribute(slot: &DeviceSlot, attribute: c_int) -> Result<i32> {
     let mut value: c_int = 0;
     // SAFETY: the driver is initialised (a slot exists only then); `value` is a valid
-    // out-pointer; `attribute` is a variant of the binding's enum.
+    // out-pointer; `attribute` is one of `CUdevice_attribute`'s values.
     check("cuDeviceGetAttribute", unsafe { sys::cuDeviceGetAttribute(&mut value, attribute, slot.handle) })?;
     Ok(value)
 }
@@ -227,7 +227,11 @@ impl DeviceOps for Cuda {
     ///
     /// The driver's error.
     fn device_properties(dev: DeviceId) -> Result<DeviceProperties> {
-        use CUdevice_attribute::*;
+        use sys::{
+            CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR,
+            CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+            CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING,
+        };
         let slot = slot(dev)?;
         let mut name: [c_char; 256] = [0; 256];
         // SAFETY: the buffer holds `len` bytes, which the driver fills with a NUL-terminated name
@@ -326,7 +330,7 @@ impl DeviceOps for Cuda {
         let r = unsafe {
             sys::cuPointerGetAttribute(
                 (&mut memory_type as *mut c_uint).cast::<c_void>(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
+                sys::CU_POINTER_ATTRIBUTE_MEMORY_TYPE,
                 address,
             )
         };
@@ -342,7 +346,7 @@ impl DeviceOps for Cuda {
         let r = unsafe {
             sys::cuPointerGetAttribute(
                 (&mut ordinal as *mut c_int).cast::<c_void>(),
-                sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+                sys::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
                 address,
             )
         };

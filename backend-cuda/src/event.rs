@@ -2,7 +2,7 @@
 
 use std::ptr;
 
-use cudarc::driver::sys::{self, CUevent};
+use crate::sys::{self, CUevent};
 use gpumem_core::{DeviceId, EventFlags, EventOps, Result};
 
 use crate::device::make_current;

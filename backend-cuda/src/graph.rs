@@ -3,7 +3,7 @@
 use std::ffi::c_uint;
 use std::ptr;
 
-use cudarc::driver::sys::{self, CUgraph, CUgraphExec, CUstreamCaptureMode, CUstreamCaptureStatus};
+use crate::sys::{self, CUgraph, CUgraphExec};
 use gpumem_core::{CaptureMode, CaptureStatus, DeviceId, Error, GraphOps, Result};
 
 use crate::device::make_current;
@@ -51,11 +51,11 @@ impl GraphOps for Cuda {
     unsafe fn begin_capture(dev: DeviceId, stream: CudaStream, mode: CaptureMode) -> Result<()> {
         make_current(dev)?;
         let mode = match mode {
-            CaptureMode::Global => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_GLOBAL,
-            CaptureMode::ThreadLocal => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
-            CaptureMode::Relaxed => CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED,
+            CaptureMode::Global => sys::CU_STREAM_CAPTURE_MODE_GLOBAL,
+            CaptureMode::ThreadLocal => sys::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+            CaptureMode::Relaxed => sys::CU_STREAM_CAPTURE_MODE_RELAXED,
         };
-        // SAFETY: a context is current; the handle is live; `mode` is a variant of the binding's enum.
+        // SAFETY: a context is current; the handle is live; `mode` is one of `CUstreamCaptureMode`'s values.
         check("cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode) })
     }
 
@@ -101,9 +101,7 @@ impl GraphOps for Cuda {
         let mut status: c_uint = 0;
         // SAFETY: a context is current; the handle is live; `status` has the size and alignment of
         // the C enum the driver writes.
-        let r = unsafe {
-            sys::cuStreamIsCapturing(stream.0, (&mut status as *mut c_uint).cast::<CUstreamCaptureStatus>())
-        };
+        let r = unsafe { sys::cuStreamIsCapturing(stream.0, &mut status) };
         check("cuStreamIsCapturing", r)?;
         match status {
             0 => Ok(CaptureStatus::None),

@@ -6,29 +6,29 @@
 //!
 //! # The driver and cudarc
 //!
-//! The driver is reached through [cudarc]'s `sys` module (raw bindings) with this crate's own
-//! thin checked-call layer over it (`result.rs`, in the manner of cudarc's `result` module).
-//! cudarc's safe types (`CudaContext`, `CudaSlice`) are not used: gpumem's pool owns the memory.
+//! gpumem's own driver calls do not go through any binding crate: [`sys`] declares the entry
+//! points this crate calls with the C signatures of `cuda.h` and integer results, and resolves
+//! them from libcuda at run time (`libloading`), so this crate builds on machines without CUDA.
+//! Every one of them is exported by every driver from CUDA 12.0 on, CUDA 13 drivers included.
 //!
-//! cudarc is built with `dynamic-loading`, so this crate builds on machines without CUDA and finds
-//! libcuda at run time, and with the **`cuda-12000`** bindings. With dynamic loading, cudarc looks
-//! each entry point up by name the first time it is called and panics if the driver lacks it. The
-//! 12.0 bindings name only entry points that every driver from CUDA 12.0 on exports; a newer
-//! version feature would name `_v2`/`_v3`/`_v4` entry points that older drivers lack (for
-//! instance `cuStreamGetCaptureInfo_v3` from 12.3 or `cuEventElapsedTime_v2` from 13.0).
-//! Drivers keep the older entry points, so a binary built with the 12.0 bindings runs on every
-//! driver from 12.0 on, CUDA 13 drivers included.
+//! Before the first driver call this crate opens the library, once per process, resolves every
+//! entry point and calls `cuInit(0)`. A missing library, the toolkit's stub library or a driver
+//! older than CUDA 12.0 (an entry point missing) is
+//! [`Error::DriverNotFound`](gpumem_core::Error::DriverNotFound); `CUDA_ERROR_NO_DEVICE` is
+//! [`Error::NoDevice`](gpumem_core::Error::NoDevice).
 //!
-//! cudarc also panics when libcuda cannot be loaded. So before the first driver call this crate
-//! checks, once per process, that the library loads (`is_culib_present`) and exports every entry
-//! point this crate calls, then calls `cuInit(0)`. A missing library, the toolkit's stub library
-//! or a driver older than CUDA 12.0 is [`Error::DriverNotFound`](gpumem_core::Error::DriverNotFound);
-//! `CUDA_ERROR_NO_DEVICE` is [`Error::NoDevice`](gpumem_core::Error::NoDevice).
+//! [cudarc](https://docs.rs/cudarc/0.19) is an optional dependency, for interop only (the `cudarc` feature: the `interop`
+//! module, and cudarc itself re-exported as `gpumem_cuda::cudarc`). Any cudarc 0.19 release will
+//! do, and gpumem picks none of cudarc's `cuda-XXXXX` version features, so an application's own
+//! cudarc (with whichever version feature and loading mode it uses) and gpumem build together;
+//! the `cudarc-cuda-12000` feature picks the 12.0 bindings for a build that has no cudarc of its
+//! own. Both name the one libcuda loaded in the process, the same primary contexts, streams and
+//! memory.
 //!
 //! # Errors
 //!
-//! Codes are handled as integers (cudarc types them as an enum; no integer is ever turned into
-//! it). `CUDA_ERROR_OUT_OF_MEMORY` from an allocation is
+//! Codes are integers from the FFI boundary on, so a code a newer driver adds is an ordinary
+//! value. `CUDA_ERROR_OUT_OF_MEMORY` from an allocation is
 //! [`Error::OutOfMemory`](gpumem_core::Error::OutOfMemory) with `total: None`;
 //! `CUDA_ERROR_NO_DEVICE` is `NoDevice`; `malloc_async` on a device without memory pools is
 //! [`Error::Unsupported`](gpumem_core::Error::Unsupported); every other failure is
@@ -67,6 +67,8 @@
 //!   `cuStreamEndCapture` and `cuGraphInstantiateWithFlags(.., 0)`; capture status comes from
 //!   `cuStreamIsCapturing`.
 
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
 // CUDA runs on 64-bit hosts only, and this crate converts between gpumem's `usize` addresses and
 // the driver's 64-bit `CUdeviceptr` with plain casts.
 #[cfg(not(target_pointer_width = "64"))]
@@ -75,12 +77,21 @@ compile_error!("gpumem-cuda needs a 64-bit target");
 mod device;
 mod event;
 mod graph;
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+pub mod interop;
 mod memory;
 mod result;
 mod stream;
+pub mod sys;
 
 use gpumem_core::{Api, Caps, Runtime};
 
+/// The cudarc gpumem interoperates with (the `cudarc` feature), for applications without their
+/// own dependency on it.
+#[cfg(feature = "cudarc")]
+#[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
+pub use cudarc;
 pub use event::CudaEvent;
 pub use graph::CudaGraph;
 pub use stream::CudaStream;

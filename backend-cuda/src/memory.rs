@@ -13,7 +13,7 @@
 use std::ffi::c_void;
 use std::ptr;
 
-use cudarc::driver::sys::{self, CUdevice_attribute, CUdeviceptr, CUmemPool_attribute, CUmemoryPool};
+use crate::sys::{self, CUdeviceptr, CUmemoryPool};
 use gpumem_core::{DeviceId, DevicePtr, Error, MemoryOps, Result};
 
 use crate::device::{self, make_current, DeviceSlot};
@@ -40,8 +40,7 @@ fn prepare_async_pool(slot: &DeviceSlot) -> Result<()> {
     let supported = match slot.async_pool.get() {
         Some(&supported) => supported,
         None => {
-            let supported =
-                device::attribute(slot, CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0;
+            let supported = device::attribute(slot, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0;
             if supported {
                 raise_release_threshold(slot)?;
             }
@@ -69,7 +68,7 @@ fn raise_release_threshold(slot: &DeviceSlot) -> Result<()> {
     check("cuMemPoolSetAttribute", unsafe {
         sys::cuMemPoolSetAttribute(
             pool,
-            CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
             (&mut threshold as *mut u64).cast::<c_void>(),
         )
     })

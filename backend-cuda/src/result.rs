@@ -1,130 +1,47 @@
-//! The checked-call layer over cudarc's raw bindings: loading the driver, `cuInit`, and turning a
-//! `CUresult` into gpumem's [`Error`].
+//! The checked-call layer over the driver entry points of [`crate::sys`]: loading the driver,
+//! `cuInit`, and turning a `CUresult` into gpumem's [`Error`].
 //!
-//! cudarc's `sys` layer panics when libcuda is missing (`culib()`) and when an entry point is
-//! missing (its lazy `load()`), so nothing in this crate calls a `sys` function before [`init`]
-//! has succeeded: it checks that the library loads, that it exports every entry point in
-//! [`SYMBOLS`], and calls `cuInit(0)`, once per process.
+//! Nothing in this crate calls a `sys` function before [`init`] has succeeded: it opens the
+//! library, resolves every entry point `sys` declares and calls `cuInit(0)`, once per process.
 //!
-//! Codes are handled as integers. cudarc types `CUresult` as a Rust enum, but a driver newer than
-//! the 12.0 bindings can return codes they do not declare (`CUDA_ERROR_CONTAINED`, 226, from
-//! 12.8, for one). So a value the driver hands back is converted to its integer at once, and it is
-//! never matched or formatted as the enum, nor is an integer ever turned back into the enum; the
-//! driver names it (`cuGetErrorName`).
+//! Codes are integers from the FFI boundary on (`sys` declares every entry point with a `c_int`
+//! result), so a code a newer driver adds (`CUDA_ERROR_CONTAINED`, 226, from 12.8, for one) is an
+//! ordinary value; the driver names it (`cuGetErrorName`).
 
 use std::ffi::{c_char, CStr};
 use std::sync::OnceLock;
 
-use cudarc::driver::sys::{self, CUresult};
+use crate::sys::{self, CUresult};
 use gpumem_core::{Error, Result};
 
 /// The backend's name in errors.
 pub(crate) const BACKEND: &str = "cuda";
 
 /// `CUDA_SUCCESS`.
-pub(crate) const SUCCESS: u32 = 0;
+pub(crate) const SUCCESS: CUresult = 0;
 /// `CUDA_ERROR_INVALID_VALUE`: also what `cuPointerGetAttribute` answers for host memory the
 /// driver does not know.
-pub(crate) const ERROR_INVALID_VALUE: u32 = 1;
+pub(crate) const ERROR_INVALID_VALUE: CUresult = 1;
 /// `CUDA_ERROR_OUT_OF_MEMORY`.
-pub(crate) const ERROR_OUT_OF_MEMORY: u32 = 2;
+pub(crate) const ERROR_OUT_OF_MEMORY: CUresult = 2;
 /// `CUDA_ERROR_STUB_LIBRARY`: the libcuda found is the toolkit's link stub, not a driver.
-pub(crate) const ERROR_STUB_LIBRARY: u32 = 34;
+pub(crate) const ERROR_STUB_LIBRARY: CUresult = 34;
 /// `CUDA_ERROR_NO_DEVICE`.
-pub(crate) const ERROR_NO_DEVICE: u32 = 100;
+pub(crate) const ERROR_NO_DEVICE: CUresult = 100;
 /// `CUDA_ERROR_NOT_READY`: a query found work still pending.
-pub(crate) const ERROR_NOT_READY: u32 = 600;
+pub(crate) const ERROR_NOT_READY: CUresult = 600;
 /// `CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED`.
-pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: u32 = 704;
+pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: CUresult = 704;
 
-/// Every driver entry point this crate calls, by the symbol name cudarc's `cuda-12000` bindings
-/// load. [`init`] checks that the driver exports each, so an old driver is reported as an error
-/// instead of a panic inside cudarc. A unit test keeps this list in step with the source.
-pub(crate) const SYMBOLS: &[&str] = &[
-    "cuInit",
-    "cuGetErrorName",
-    "cuGetErrorString",
-    // devices and contexts
-    "cuDeviceGetCount",
-    "cuDeviceGet",
-    "cuDeviceGetName",
-    "cuDeviceTotalMem_v2",
-    "cuDeviceGetAttribute",
-    "cuDevicePrimaryCtxRetain",
-    "cuCtxSetCurrent",
-    "cuCtxGetCurrent",
-    "cuCtxSynchronize",
-    "cuCtxGetStreamPriorityRange",
-    "cuMemGetInfo_v2",
-    "cuDeviceCanAccessPeer",
-    "cuCtxEnablePeerAccess",
-    "cuPointerGetAttribute",
-    // memory
-    "cuMemAlloc_v2",
-    "cuMemFree_v2",
-    "cuMemHostAlloc",
-    "cuMemFreeHost",
-    "cuDeviceGetDefaultMemPool",
-    "cuMemPoolSetAttribute",
-    "cuMemAllocAsync",
-    "cuMemFreeAsync",
-    "cuMemcpy",
-    "cuMemcpyAsync",
-    "cuMemsetD8_v2",
-    "cuMemsetD8Async",
-    // streams, capture and graphs
-    "cuStreamCreateWithPriority",
-    "cuStreamDestroy_v2",
-    "cuStreamGetFlags",
-    "cuStreamGetPriority",
-    "cuStreamQuery",
-    "cuStreamSynchronize",
-    "cuStreamWaitEvent",
-    "cuLaunchHostFunc",
-    "cuStreamAddCallback",
-    "cuStreamBeginCapture_v2",
-    "cuStreamEndCapture",
-    "cuStreamIsCapturing",
-    "cuGraphInstantiateWithFlags",
-    "cuGraphLaunch",
-    "cuGraphUpload",
-    "cuGraphExecDestroy",
-    "cuGraphDestroy",
-    // events
-    "cuEventCreate",
-    "cuEventDestroy_v2",
-    "cuEventRecord",
-    "cuEventQuery",
-    "cuEventSynchronize",
-    "cuEventElapsedTime",
-];
-
-/// The integer value of a driver result.
+/// The integer value of a driver result (already an integer: kept so call sites read the same).
 #[inline]
-pub(crate) fn code(result: CUresult) -> u32 {
-    result as u32
+pub(crate) fn code(result: CUresult) -> CUresult {
+    result
 }
 
 /// Whether libcuda can be loaded, asked once per process.
 pub(crate) fn library_present() -> bool {
-    static PRESENT: OnceLock<bool> = OnceLock::new();
-    // SAFETY: `is_culib_present` only tries to open the driver library under its usual names
-    // (running its initialisers, as any program linked to libcuda does) and closes it again; it
-    // calls nothing in it.
-    *PRESENT.get_or_init(|| unsafe { sys::is_culib_present() })
-}
-
-/// Whether the loaded library exports `symbol`.
-fn has_symbol(symbol: &str) -> bool {
-    if !library_present() {
-        return false;
-    }
-    // SAFETY: the library is present (checked just above, with the same candidate names
-    // `culib` tries), so `culib` finds it instead of panicking.
-    let lib = unsafe { sys::culib() };
-    // SAFETY: looking a symbol up does not call it; the type parameter is only what the symbol
-    // would be read as, and the result is dropped unread.
-    unsafe { lib.get::<unsafe extern "C" fn()>(symbol) }.is_ok()
+    sys::library_present()
 }
 
 /// Why the driver could not be started; kept so every later call reports the same error.
@@ -143,17 +60,11 @@ impl InitFailure {
     fn to_error(self) -> Error {
         match self {
             InitFailure::NoLibrary => {
-                // cudarc tries these names (and the same for `nvcuda`), some of them twice.
-                let mut tried: Vec<String> = Vec::new();
-                for name in cudarc::get_lib_name_candidates("cuda") {
-                    if !tried.contains(&name) {
-                        tried.push(name);
-                    }
-                }
+                let tried = sys::LIBRARY_NAMES;
                 Error::DriverNotFound {
                     backend: BACKEND,
                     detail: format!(
-                        "the NVIDIA driver library (libcuda) could not be loaded; tried {} (and nvcuda). \
+                        "the NVIDIA driver library (libcuda) could not be loaded; tried {}. \
                          Install the NVIDIA driver (it provides libcuda.so.1; the CUDA toolkit is not needed) \
                          or add the folder holding libcuda.so.1 to LD_LIBRARY_PATH; on a machine without an \
                          NVIDIA GPU, use another backend (gpumem's host backend runs on the CPU)",
@@ -197,13 +108,12 @@ pub(crate) fn init() -> Result<()> {
 
 /// The work of [`init`]: load, check the entry points, `cuInit(0)`.
 fn initialise() -> std::result::Result<(), InitFailure> {
-    if !library_present() {
-        return Err(InitFailure::NoLibrary);
+    match sys::load() {
+        Ok(()) => {}
+        Err(sys::LoadError::NoLibrary) => return Err(InitFailure::NoLibrary),
+        Err(sys::LoadError::MissingSymbol(missing)) => return Err(InitFailure::MissingSymbol(missing)),
     }
-    if let Some(missing) = SYMBOLS.iter().find(|s| !has_symbol(s)) {
-        return Err(InitFailure::MissingSymbol(missing));
-    }
-    // SAFETY: the library is loaded and exports `cuInit`; the flags must be 0.
+    // SAFETY: the entry points are resolved; the flags must be 0.
     let result = unsafe { sys::cuInit(0) };
     if code(result) != SUCCESS {
         return Err(InitFailure::Init(result));
@@ -261,8 +171,7 @@ fn describe(result: CUresult) -> (String, String) {
     }
     let lookup = |f: unsafe fn(CUresult, *mut *const c_char) -> CUresult| -> Option<String> {
         let mut text: *const c_char = std::ptr::null();
-        // SAFETY: `names_available` established that the library is loaded and exports both
-        // functions; they write a pointer to a static, NUL-terminated string or leave `text`
+        // SAFETY: `names_available` established that the entry points are resolved; they write a pointer to a static, NUL-terminated string or leave `text`
         // null and return an error for a code they do not know.
         let status = unsafe { f(result, &mut text) };
         if code(status) != SUCCESS || text.is_null() {
@@ -281,18 +190,20 @@ fn describe(result: CUresult) -> (String, String) {
     }
 }
 
-/// Whether `cuGetErrorName` and `cuGetErrorString` can be called.
+/// Whether `cuGetErrorName` and `cuGetErrorString` can be called: the table is loaded (it holds
+/// both, or none).
 fn names_available() -> bool {
-    static AVAILABLE: OnceLock<bool> = OnceLock::new();
-    *AVAILABLE.get_or_init(|| has_symbol("cuGetErrorName") && has_symbol("cuGetErrorString"))
+    sys::load().is_ok()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::sys::SYMBOLS;
 
-    /// Every `sys::cu...(` call in the crate's sources names a symbol in [`SYMBOLS`], so `init`
-    /// checks everything this crate may call.
+    /// Every `sys::cu...(` call in the crate's sources names a symbol in [`SYMBOLS`] (which the
+    /// compiler enforces too), and every symbol in it is called somewhere, so `init` asks a driver
+    /// for exactly the entry points this crate calls.
     #[test]
     fn symbols_cover_every_driver_call() {
         let sources = [
@@ -302,32 +213,36 @@ mod tests {
             include_str!("memory.rs"),
             include_str!("stream.rs"),
             include_str!("event.rs"),
+            include_str!("graph.rs"),
         ];
         let mut seen = 0;
+        let mut called = std::collections::BTreeSet::new();
         for source in sources {
             for (i, _) in source.match_indices("sys::cu") {
                 let rest = &source[i + "sys::".len()..];
                 let end = rest.find(|c: char| !(c.is_ascii_alphanumeric() || c == '_')).unwrap_or(rest.len());
                 let (name, after) = rest.split_at(end);
-                // Calls only (`sys::cuInit(`), not types or mentions; `culib` is cudarc's loader.
-                if after.starts_with('(') && name != "culib" {
+                // Calls only (`sys::cuInit(`), not types or mentions.
+                if after.starts_with('(') {
                     seen += 1;
                     assert!(SYMBOLS.contains(&name), "{name} is called but missing from SYMBOLS");
                 }
+                // Used: called, or passed as a function (`lookup(sys::cuGetErrorName)`).
+                called.insert(name);
             }
         }
         assert!(seen > 40, "only {seen} driver calls found: the scan is broken");
+        for symbol in SYMBOLS {
+            assert!(called.contains(symbol), "{symbol} is in SYMBOLS but never used");
+        }
     }
 
     #[test]
     fn success_is_ok_and_no_device_maps_without_the_driver() {
-        assert!(check("cuInit", CUresult::CUDA_SUCCESS).is_ok());
+        assert!(check("cuInit", SUCCESS).is_ok());
+        assert!(matches!(check("cuInit", ERROR_NO_DEVICE), Err(Error::NoDevice { backend: "cuda" })));
         assert!(matches!(
-            check("cuInit", CUresult::CUDA_ERROR_NO_DEVICE),
-            Err(Error::NoDevice { backend: "cuda" })
-        ));
-        assert!(matches!(
-            check_alloc("cuMemAlloc_v2", CUresult::CUDA_ERROR_OUT_OF_MEMORY, 4096),
+            check_alloc("cuMemAlloc_v2", ERROR_OUT_OF_MEMORY, 4096),
             Err(Error::OutOfMemory { size: 4096, total: None })
         ));
     }
@@ -337,7 +252,7 @@ mod tests {
         // Where a driver is installed, start it as the backend does before any error is mapped.
         let _ = init();
         // With or without a driver on this machine: the driver's words, or the fallback.
-        match error("cuMemcpy", CUresult::CUDA_ERROR_INVALID_VALUE) {
+        match error("cuMemcpy", ERROR_INVALID_VALUE) {
             Error::Backend { backend, api, code, name, message } => {
                 assert_eq!((backend, api, code), ("cuda", "cuMemcpy", 1));
                 if names_available() {
@@ -349,7 +264,15 @@ mod tests {
             }
             other => panic!("unexpected {other:?}"),
         }
+        // A code the 12.0 headers do not know (`CUDA_ERROR_CONTAINED`, from 12.8) is a plain value.
+        match error("cuStreamSynchronize", 226) {
+            Error::Backend { code, name, .. } => {
+                assert_eq!(code, 226);
+                assert!(!name.is_empty());
+            }
+            other => panic!("unexpected {other:?}"),
+        }
         // A plain out-of-memory outside an allocation is a backend error like any other.
-        assert_eq!(error("cuMemcpy", CUresult::CUDA_ERROR_OUT_OF_MEMORY).code(), Some(2));
+        assert_eq!(error("cuMemcpy", ERROR_OUT_OF_MEMORY).code(), Some(2));
     }
 }

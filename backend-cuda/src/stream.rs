@@ -4,7 +4,7 @@ use std::ffi::{c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::ptr;
 
-use cudarc::driver::sys::{self, CUresult, CUstream, CUstream_st};
+use crate::sys::{self, CUresult, CUstream, CUstream_st};
 use gpumem_core::{DeviceId, HostFn, Result, StreamCallback, StreamFlags, StreamOps};
 
 use crate::device::make_current;
@@ -83,8 +83,8 @@ impl CudaStream {
 /// CUDA forbids driver calls in callbacks because they could wait on the stream's own work. The
 /// one made here for an error status, `cuGetErrorName`/`cuGetErrorString`, only looks the code up
 /// in the driver's static tables; if the driver refused it, the error would carry a plain name.
-/// The status is never matched as a Rust enum: a newer driver may report codes the 12.0 bindings
-/// do not declare (`CUDA_ERROR_CONTAINED`, for one).
+/// The status arrives as the integer `CUresult` (the callback type is declared so), so a code a
+/// newer driver adds (`CUDA_ERROR_CONTAINED`, for one) is an ordinary value.
 ///
 /// # Safety
 ///
@@ -147,11 +147,7 @@ impl StreamOps for Cuda {
     /// The driver's error.
     fn stream_create(dev: DeviceId, flags: StreamFlags, priority: i32) -> Result<CudaStream> {
         make_current(dev)?;
-        let bits = if flags.non_blocking {
-            sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint
-        } else {
-            sys::CUstream_flags::CU_STREAM_DEFAULT as c_uint
-        };
+        let bits = if flags.non_blocking { sys::CU_STREAM_NON_BLOCKING } else { sys::CU_STREAM_DEFAULT };
         let mut stream: CUstream = ptr::null_mut();
         // SAFETY: `dev`'s context is current; `stream` is a valid out-pointer; the flags are the
         // driver's.
@@ -187,7 +183,7 @@ impl StreamOps for Cuda {
         // SAFETY: a context is current; the handle is live (the contract); `bits` is a valid
         // out-pointer.
         check("cuStreamGetFlags", unsafe { sys::cuStreamGetFlags(stream.0, &mut bits) })?;
-        Ok(StreamFlags { non_blocking: bits & (sys::CUstream_flags::CU_STREAM_NON_BLOCKING as c_uint) != 0 })
+        Ok(StreamFlags { non_blocking: bits & (sys::CU_STREAM_NON_BLOCKING) != 0 })
     }
 
     /// The stream's priority.

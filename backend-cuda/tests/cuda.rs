@@ -202,7 +202,7 @@ fn external_stream_from_raw_driver_handle() {
         // SAFETY: `raw` is a live stream of device 0, destroyed only at the end of this test.
         let ext = unsafe { ExternalStream::<Cuda>::from_ptr(raw.addr(), Some(0)) };
         assert_eq!(ext.ptr(), raw.addr());
-        assert_eq!(ext.handle().as_raw(), raw);
+        assert_eq!(ext.handle().as_raw().cast::<sys::CUstream_st>(), raw);
         assert!(!ext.is_owned());
         assert!(ext.is_non_blocking().expect("flags"));
         let s: &Stream<Cuda> = &ext;

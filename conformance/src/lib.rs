@@ -17,6 +17,7 @@
 //! never from its name.
 
 mod allocator;
+mod buffers;
 mod capture;
 mod devices;
 mod events;
@@ -44,6 +45,7 @@ macro_rules! suite {
             pub type DefaultBackend = $backend;
             pub type CopySource<'a> = core::CopySource<'a, $backend>;
             pub type Device = core::Device<$backend>;
+            pub type DeviceBuffer<T> = core::DeviceBuffer<T, $backend>;
             pub type Event = core::Event<$backend>;
             pub type ExternalStream = core::ExternalStream<$backend>;
             pub type Memory = core::Memory<$backend>;
@@ -86,6 +88,7 @@ macro_rules! suite {
         }
 
         $crate::__allocator_tests!($flavor);
+        $crate::__buffers_tests!($flavor);
         $crate::__capture_tests!($flavor);
         $crate::__devices_tests!($flavor);
         $crate::__events_tests!($flavor);

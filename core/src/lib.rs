@@ -75,6 +75,7 @@ pub use runtime::allocator::{
     alloc, get_allocator, get_default_memory_pool, get_default_pinned_memory_pool, set_allocator,
     using_allocator, Allocator, AllocatorGuard, PlainAllocator,
 };
+pub use runtime::buffer::DeviceBuffer;
 pub use runtime::device::{Device, DeviceGuard};
 pub use runtime::memory::{BaseMemory, Memory, UnownedMemory};
 pub use runtime::pinned::{

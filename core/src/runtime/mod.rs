@@ -5,12 +5,13 @@
 //! - [`state`]: the per-backend thread and process state ([`Runtime`]).
 //! - [`device`]: devices and the current device.
 //! - [`memory`] and [`pointer`](mod@pointer): memory objects and [`MemoryPointer`]; [`transfer`]: their
-//!   copies and memsets; [`pinned`]: pinned host memory.
+//!   copies and memsets; [`pinned`]: pinned host memory; [`buffer`]: typed buffers over pointers.
 //! - [`pools`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`], the pool of [`crate::pool`] with
 //!   pointers, streams and the runtime's allocator; [`allocator`]: CuPy's current allocator.
 //! - [`stream`]: streams, events, graphs and callbacks, the one tight cluster.
 
 pub mod allocator;
+pub mod buffer;
 pub mod device;
 #[allow(unsafe_code)]
 pub mod memory;
@@ -25,6 +26,7 @@ pub mod stream;
 #[allow(unsafe_code)]
 pub mod transfer;
 
+pub use buffer::DeviceBuffer;
 pub use pointer::MemoryPointer;
 pub use pools::{MemoryPool, SingleDeviceMemoryPool};
 pub use state::Runtime;

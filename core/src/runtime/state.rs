@@ -159,6 +159,9 @@ impl<B: Runtime> Default for ThreadState<B> {
     }
 }
 
+/// A drop or free to run later, elsewhere.
+pub(crate) type Deferred = Box<dyn FnOnce() + Send>;
+
 /// Process-wide state for backend `B`. Created by [`runtime_statics!`](crate::runtime_statics).
 pub struct Globals<B: Runtime> {
     /// The allocator `alloc` uses when no `using_allocator` scope is active.
@@ -175,7 +178,7 @@ pub struct Globals<B: Runtime> {
     pub(crate) inflight: crate::runtime::stream::inflight::InFlight<B>,
     /// Drops that a callback could not do (freeing memory, destroying a handle, waiting),
     /// done at the next `synchronize` or asynchronous operation on a user thread.
-    pub(crate) deferred_drops: parking_lot::Mutex<Vec<Box<dyn FnOnce() + Send>>>,
+    pub(crate) deferred_drops: parking_lot::Mutex<Vec<Deferred>>,
     pub(crate) any_deferred_drops: std::sync::atomic::AtomicBool,
     /// The thread that frees pinned memory (see `free_in_background`); `None` if it could not
     /// start.
@@ -264,10 +267,10 @@ pub(crate) fn drop_outside_callbacks<B: Runtime>(drop: impl FnOnce() + Send + 's
 /// whole device (`cuMemFreeHost` does) never waits on the caller's thread, which a stream may be
 /// waiting for (a host function blocked on the caller would then never finish). Falls back to
 /// running it here when the thread cannot be started.
-pub(crate) fn free_in_background<B: Runtime>(free: Box<dyn FnOnce() + Send>) {
+pub(crate) fn free_in_background<B: Runtime>(free: Deferred) {
     let g = B::globals();
     let sender = g.reaper.get_or_init(|| {
-        let (tx, rx) = std::sync::mpsc::channel::<Box<dyn FnOnce() + Send>>();
+        let (tx, rx) = std::sync::mpsc::channel::<Deferred>();
         let spawned = std::thread::Builder::new().name(format!("gpumem-{}-free", B::NAME)).spawn(move || {
             for free in rx {
                 free();
