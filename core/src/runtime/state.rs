@@ -182,8 +182,7 @@ pub struct Globals<B: Runtime> {
     pub(crate) any_deferred_drops: std::sync::atomic::AtomicBool,
     /// The thread that frees pinned memory (see `free_in_background`); `None` if it could not
     /// start.
-    pub(crate) reaper:
-        OnceLock<Option<parking_lot::Mutex<std::sync::mpsc::Sender<Box<dyn FnOnce() + Send>>>>>,
+    pub(crate) reaper: OnceLock<Option<parking_lot::Mutex<std::sync::mpsc::Sender<Deferred>>>>,
     /// The first error a `Drop` met (a failed free or destroy) since it was last reported: the
     /// next `synchronize` of a stream or device, or [`take_deferred_error`], reports it.
     pub(crate) deferred: parking_lot::Mutex<Option<Error>>,
