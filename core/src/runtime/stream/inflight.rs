@@ -214,15 +214,23 @@ pub(crate) fn collect<B: Runtime>() {
     if inflight.n_entries.load(Ordering::Acquire) > 0 {
         let done: Vec<Entry<B>> = {
             let mut entries = inflight.entries.lock();
+            // Entries are in queueing order, and a stream's events complete in that order: past
+            // a stream's first unfinished entry, its later ones are not asked. A pass asks the
+            // runtime once per finished entry and once per stream.
+            let mut blocked: Vec<ArenaKey> = Vec::new();
             let mut done = Vec::new();
-            let mut i = 0;
-            while i < entries.len() {
-                if entries[i].event.query().unwrap_or(false) {
-                    done.push(entries.swap_remove(i));
+            let mut kept = Vec::with_capacity(entries.len());
+            for entry in entries.drain(..) {
+                if blocked.contains(&entry.stream) {
+                    kept.push(entry);
+                } else if entry.event.query().unwrap_or(false) {
+                    done.push(entry);
                 } else {
-                    i += 1;
+                    blocked.push(entry.stream);
+                    kept.push(entry);
                 }
             }
+            *entries = kept;
             inflight.n_entries.store(entries.len(), Ordering::Release);
             done
         };
