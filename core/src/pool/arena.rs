@@ -10,6 +10,7 @@ use crate::hal::types::DevicePtr;
 use super::raw::RawBlock;
 
 use super::index::{bin_for, FreeIndex, NIL};
+use super::policy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -29,6 +30,8 @@ struct Chunk {
     state: State,
     /// The free-index bin of `size` (kept with it, so a chunk going back does not recompute it).
     bin: u32,
+    /// Which free index the chunk's block belongs to (see `policy::class`).
+    class: u8,
 }
 
 /// The chunks of one arena. See the module docs.
@@ -37,7 +40,9 @@ pub(crate) struct ArenaState<K> {
     vacant: Vec<u32>,
     blocks: Vec<Option<K>>,
     vacant_blocks: Vec<u32>,
-    index: FreeIndex,
+    /// The free chunks: one index, or with `segmented` one for the blocks of small requests and
+    /// one for the rest.
+    index: [FreeIndex; 2],
     /// No longer in the pool's map: allocations must go to the arena that replaced it.
     pub(crate) retired: bool,
     /// The pool is gone: chunks that come back release their raw blocks as soon as whole, and
@@ -46,6 +51,8 @@ pub(crate) struct ArenaState<K> {
     /// Lend a free chunk only if it exceeds the request by at most an eighth (`HoldPeakInUse`):
     /// large free chunks are not cut up for small requests.
     pub(crate) bounded_split: bool,
+    /// Small and large requests are served from separate blocks (`GrowthPolicy::Segments`).
+    pub(crate) segmented: bool,
     /// Bytes lent out. (Free bytes and free chunks are not counted on the hot path: the pool's
     /// free bytes are its total less its used bytes, and `n_free` counts when asked.)
     pub(crate) used_bytes: usize,
@@ -67,10 +74,11 @@ impl<K: RawBlock> ArenaState<K> {
             vacant: Vec::new(),
             blocks: Vec::new(),
             vacant_blocks: Vec::new(),
-            index: FreeIndex::new(),
+            index: [FreeIndex::new(), FreeIndex::new()],
             retired: false,
             orphaned: false,
             bounded_split: false,
+            segmented: false,
             used_bytes: 0,
             n_lent: 0,
         }
@@ -92,7 +100,9 @@ impl<K: RawBlock> ArenaState<K> {
             return slot;
         }
         self.chunks.push(chunk);
-        self.index.grow_slots(self.chunks.len());
+        for index in &mut self.index {
+            index.grow_slots(self.chunks.len());
+        }
         u32::try_from(self.chunks.len() - 1).expect("fewer than 2^32 chunks in one arena")
     }
 
@@ -105,13 +115,14 @@ impl<K: RawBlock> ArenaState<K> {
     fn mark_free(&mut self, slot: u32) {
         let c = &mut self.chunks[slot as usize];
         c.state = State::Free;
-        let (size, bin) = (c.size, c.bin);
-        self.index.insert(slot, size, bin);
+        let (size, bin, class) = (c.size, c.bin, c.class);
+        self.index[usize::from(class)].insert(slot, size, bin);
     }
 
     #[inline]
     fn unmark_free(&mut self, slot: u32) {
-        self.index.remove(slot, self.chunks[slot as usize].bin);
+        let c = &self.chunks[slot as usize];
+        self.index[usize::from(c.class)].remove(slot, c.bin);
     }
 
     /// Sets a chunk's size, and so its bin.
@@ -130,7 +141,7 @@ impl<K: RawBlock> ArenaState<K> {
     #[inline(always)]
     pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
         let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
-        let (slot, found) = self.index.take_best(size, max)?;
+        let (slot, found) = self.index[policy::class(size, self.segmented)].take_best(size, max)?;
         self.n_lent += 1;
         self.used_bytes += size;
         if found > size {
@@ -153,6 +164,7 @@ impl<K: RawBlock> ArenaState<K> {
             next: head.next,
             state: State::Free,
             bin: bin_for(found - size),
+            class: head.class,
         });
         if head.next != NIL {
             self.chunks[head.next as usize].prev = rest;
@@ -162,9 +174,11 @@ impl<K: RawBlock> ArenaState<K> {
         self.mark_free(rest);
     }
 
-    /// Adds a new raw block of `size` bytes and lends all of it.
-    pub(crate) fn lend_new_block(&mut self, mem: K, size: usize) -> Lent {
+    /// Adds a new raw block, of which the pool asked for (and counts) `whole` bytes, and lends its
+    /// first `size` bytes; the rest stays free.
+    pub(crate) fn lend_new_block(&mut self, mem: K, whole: usize, size: usize) -> Lent {
         let ptr = mem.address();
+        debug_assert!(whole >= size && whole % super::UNIT == 0);
         let block = match self.vacant_blocks.pop() {
             Some(b) => {
                 self.blocks[b as usize] = Some(mem);
@@ -175,15 +189,21 @@ impl<K: RawBlock> ArenaState<K> {
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks in one arena")
             }
         };
+        // A block larger than the request (a policy's rounding) is cut as a cache hit would cut it.
+        let class = policy::class(size, self.segmented) as u8;
         let slot = self.new_slot(Chunk {
             ptr,
-            size,
+            size: whole,
             block,
             prev: NIL,
             next: NIL,
             state: State::Lent,
-            bin: bin_for(size),
+            bin: bin_for(whole),
+            class,
         });
+        if whole > size {
+            self.split(slot, size, whole);
+        }
         self.used_bytes += size;
         self.n_lent += 1;
         Lent { slot, ptr }
@@ -285,6 +305,22 @@ impl<K: RawBlock> ArenaState<K> {
             })
             .map(|slot| (slot, self.chunks[slot as usize].size))
             .collect()
+    }
+
+    /// Releases every free chunk of free-index `class` that is a whole raw block, into `out`;
+    /// returns the bytes released.
+    pub(crate) fn release_free_blocks_of(&mut self, class: usize, out: &mut Vec<K>) -> usize {
+        let mut bytes = 0;
+        for slot in 0..self.chunks.len() as u32 {
+            let c = self.chunks[slot as usize];
+            if c.state == State::Free && c.prev == NIL && c.next == NIL && usize::from(c.class) == class {
+                self.unmark_free(slot);
+                let (mem, size) = self.release(slot);
+                out.push(mem);
+                bytes += size;
+            }
+        }
+        bytes
     }
 
     /// Releases one free chunk that is a whole raw block, if it still is one.
