@@ -16,9 +16,7 @@
 
 #![allow(missing_docs)]
 
-#[path = "support/trace.rs"]
-mod trace;
-
+use gpumem::core::pool::trace;
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -597,17 +595,20 @@ fn graphs(report: &mut Report) {
     );
 }
 
-/// A raw allocator that counts the bytes it holds and their peak.
+/// A raw allocator that counts its calls, the bytes it holds and their peak.
 struct Counting {
     inner: DeviceAllocator,
     held: Arc<AtomicUsize>,
     peak: AtomicUsize,
+    allocs: AtomicUsize,
+    frees: Arc<AtomicUsize>,
 }
 
 #[derive(Debug)]
 struct Counted {
     mem: gpumem::Memory,
     held: Arc<AtomicUsize>,
+    frees: Arc<AtomicUsize>,
 }
 
 // SAFETY: forwards to a memory object of `B` that this value owns.
@@ -626,6 +627,7 @@ unsafe impl BaseMemory<B> for Counted {
 impl Drop for Counted {
     fn drop(&mut self) {
         self.held.fetch_sub(self.mem.size(), Ordering::Relaxed);
+        self.frees.fetch_add(1, Ordering::Relaxed);
     }
 }
 
@@ -648,30 +650,48 @@ impl RawAllocator for Counting {
         let mem = self.inner.allocate(device, size)?;
         let now = self.held.fetch_add(size, Ordering::Relaxed) + size;
         self.peak.fetch_max(now, Ordering::Relaxed);
-        Ok(Counted { mem, held: Arc::clone(&self.held) })
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(Counted { mem, held: Arc::clone(&self.held), frees: Arc::clone(&self.frees) })
     }
 }
 
-/// Replays a trace through a pool with `policy`; returns peak bytes held over peak bytes in use.
-fn replay(steps: &[trace::Step], policy: GrowthPolicy) -> f64 {
+/// What one replay of a trace through a fresh pool measured.
+struct Replayed {
+    ratio: f64,
+    allocs: usize,
+    frees: usize,
+    /// Raw allocations and frees from the start of the second training step on (`None` when the
+    /// trace marks no second step).
+    later: Option<usize>,
+    ms: f64,
+}
+
+/// Replays a trace through a fresh pool with `policy`, on one stream per stream of the trace,
+/// timed from the first step to a device synchronisation after the last (the pool is made before
+/// and dropped after the clock). Raw frees are those made during the replay.
+fn replay_once(
+    steps: &[trace::Step],
+    second: Option<usize>,
+    policy: GrowthPolicy,
+    streams: &[Stream],
+) -> Replayed {
     let counting = Arc::new(Counting {
         inner: DeviceAllocator::new(),
         held: Arc::new(AtomicUsize::new(0)),
         peak: AtomicUsize::new(0),
+        allocs: AtomicUsize::new(0),
+        frees: Arc::new(AtomicUsize::new(0)),
     });
     let pool = gpumem::core::SingleDeviceMemoryPool::<B, _>::with_allocator(dev(), counting.clone()).unwrap();
     pool.set_growth_policy(policy);
-    let n_streams = steps
-        .iter()
-        .filter_map(|s| if let trace::Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let streams: Vec<Stream> = (0..n_streams)
-        .map(|i| if i == 0 { Stream::null() } else { Stream::non_blocking().unwrap() })
-        .collect();
-    let mut live = HashMap::new();
-    for step in steps {
+    let mut live = HashMap::with_capacity(steps.len());
+    let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
+    let mut before_second = 0;
+    let t = Instant::now();
+    for (i, step) in steps.iter().enumerate() {
+        if Some(i) == second {
+            before_second = calls();
+        }
         match *step {
             trace::Step::Alloc { id, size, stream } => {
                 let _g = streams[stream].enter().unwrap();
@@ -681,52 +701,146 @@ fn replay(steps: &[trace::Step], policy: GrowthPolicy) -> f64 {
         }
     }
     drop(live);
-    counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64
+    gpumem::Device::current().synchronize().unwrap();
+    let ms = t.elapsed().as_secs_f64() * 1e3;
+    let later = second.map(|_| calls() - before_second);
+    let (allocs, frees) = (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
+    let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
+    drop(pool);
+    Replayed { ratio, allocs, frees, later, ms }
 }
 
-fn fragmentation(report: &mut Report, dir: Option<&str>) {
-    eprintln!("fragmentation: peak bytes held / peak bytes in use");
-    let mut traces = vec![("random", trace::standard_random())];
-    if let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/training.trace")).ok()) {
+/// One warm-up replay, then `REPLAYS` timed ones: the median time; the counts and the ratio of
+/// the first timed one (every replay starts from an empty pool, so they are the same each time).
+fn replay(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy) -> Replayed {
+    const REPLAYS: usize = 5;
+    let n_streams = steps
+        .iter()
+        .filter_map(|s| if let trace::Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
+        .max()
+        .unwrap_or(0)
+        + 1;
+    let streams: Vec<Stream> = (0..n_streams)
+        .map(|i| if i == 0 { Stream::null() } else { Stream::non_blocking().unwrap() })
+        .collect();
+    replay_once(steps, second, policy, &streams);
+    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, &streams)).collect();
+    let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
+    let first = &runs[0];
+    Replayed { ratio: first.ratio, allocs: first.allocs, frees: first.frees, later: first.later, ms }
+}
+
+/// The traces the fragmentation rows replay: the random one, and those `bench/run-gpu.sh`
+/// recorded (`training.trace`: GPT-2, `bert.trace`: BERT fine-tuning) when present.
+/// Each with the index where its second training step begins, if it marks one.
+fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Option<usize>)> {
+    let mut traces = vec![("random", trace::standard_random(), None)];
+    for name in ["training", "bert"] {
+        let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/{name}.trace")).ok()) else {
+            continue;
+        };
         match trace::parse(&text) {
-            Ok(steps) => traces.push(("training", steps)),
-            Err(e) => eprintln!("  training trace unreadable: {e}"),
+            Ok(steps) => traces.push((name, steps, trace::step_marks(&text).get(1).copied())),
+            Err(e) => eprintln!("  {name} trace unreadable: {e}"),
         }
     }
-    for (name, steps) in &traces {
-        let cupy_rules = replay(steps, GrowthPolicy::CacheUntilOutOfMemory);
-        let best = replay(steps, GrowthPolicy::HoldPeakInUse);
-        let what = |p: &str| format!("{name} trace ({} steps), {p}", steps.len());
+    traces
+}
+
+const POLICIES: [(&str, GrowthPolicy); 3] = [
+    ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory),
+    ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse),
+    ("gpumem, Segments", GrowthPolicy::Segments),
+];
+
+/// The anchors' rows: (label, key prefix in anchors.txt).
+const FRAG_ANCHORS: [(&str, &str); 3] = [
+    ("PyTorch caching allocator, default", "torch_default"),
+    ("PyTorch, expandable_segments:True", "torch_expandable"),
+    ("CuPy MemoryPool", "cupy"),
+];
+
+/// The fragmentation table: every allocator on every trace, with what its ratio cost. Also adds
+/// the Segments policy's rows against the targets and PyTorch's default to the report.
+fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
+    eprintln!("fragmentation: peak held / peak in use, raw calls, replay time (median of 5 after a warm-up)");
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| trace | allocator | held / in use | raw allocations | raw frees | raw calls from step 2 on | replay |"
+    )
+    .unwrap();
+    writeln!(table, "| --- | --- | --- | --- | --- | --- | --- |").unwrap();
+    for (name, steps, second) in traces(dir) {
+        let label = format!("{name} ({} steps)", steps.len());
+        let mut ours = Vec::new();
+        for (what, policy) in POLICIES {
+            let r = replay(&steps, second, policy);
+            let later = r.later.map_or("-".into(), |n| n.to_string());
+            eprintln!(
+                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms",
+                r.ratio, r.allocs, r.frees, r.ms
+            );
+            writeln!(
+                table,
+                "| {label} | {what} | {:.3} | {} | {} | {later} | {:.1} ms |",
+                r.ratio, r.allocs, r.frees, r.ms
+            )
+            .unwrap();
+            ours.push((policy, r));
+        }
+        for (what, key) in FRAG_ANCHORS {
+            let get = |field: &str| report.external(&format!("{key}_frag_{name}_{field}"));
+            let Some(ratio) = get("ratio") else {
+                writeln!(table, "| {label} | {what} | - | - | - | - | - |").unwrap();
+                continue;
+            };
+            let count = |field: &str| get(field).map_or("-".into(), |v| format!("{v:.0}"));
+            let ms = get("ms").map_or("-".into(), |v| format!("{v:.1} ms"));
+            writeln!(
+                table,
+                "| {label} | {what} | {ratio:.3} | {} | {} | {} | {ms} |",
+                count("allocs"),
+                count("frees"),
+                count("later")
+            )
+            .unwrap();
+        }
+        let (_, seg) = ours.iter().find(|(p, _)| *p == GrowthPolicy::Segments).expect("Segments replayed");
+        let target = if name == "random" { 1.05 } else { 1.03 };
+        let what = |m: &str| format!("{label}, Segments, {m}");
+        report.add("fragmentation", what("held / in use"), seg.ratio, "target", Some(target), "ratio", true);
+        let anchors = report.anchors.clone();
+        let torch = |field: &str| anchors.get(&format!("torch_default_frag_{name}_{field}")).copied();
         report.add(
             "fragmentation",
-            what("CuPy's rules"),
-            cupy_rules,
-            "CuPy MemoryPool",
-            report.external(&format!("cupy_frag_{name}")),
+            what("held / in use"),
+            seg.ratio,
+            "PyTorch caching allocator",
+            torch("ratio"),
             "ratio",
             true,
         );
         report.add(
             "fragmentation",
-            what("CuPy's rules"),
-            cupy_rules,
+            what("raw allocations"),
+            seg.allocs as f64,
             "PyTorch caching allocator",
-            report.external(&format!("torch_frag_{name}")),
-            "ratio",
+            torch("allocs"),
+            "calls",
             true,
         );
-        let target = if *name == "random" { 1.05 } else { 1.03 };
-        report.add("fragmentation", what("HoldPeakInUse"), best, "target", Some(target), "ratio", true);
         report.add(
             "fragmentation",
-            what("HoldPeakInUse"),
-            best,
+            what("replay"),
+            seg.ms,
             "PyTorch caching allocator",
-            report.external(&format!("torch_frag_{name}")),
-            "ratio",
+            torch("ms"),
+            "ms",
             true,
         );
     }
+    table
 }
 
 fn read_anchors(dir: Option<&str>) -> Anchors {
@@ -746,6 +860,23 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--write-trace") {
         let path = args.get(i + 1).expect("--write-trace PATH");
         std::fs::write(path, trace::render(&trace::standard_random())).expect("write the trace");
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--replay-host") {
+        // The fragmentation figures on the pool alone (no device), for any trace file: ratio and
+        // raw calls depend only on the pool's rules and the trace.
+        let path = args.get(i + 1).expect("--replay-host PATH");
+        let text = std::fs::read_to_string(path).expect("read the trace");
+        let steps = trace::parse(&text).expect("a trace");
+        for (what, policy) in POLICIES {
+            let r = trace::replay(&steps, policy).expect("replay");
+            println!(
+                "{what:<24} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}",
+                r.ratio(),
+                r.raw_allocs,
+                r.raw_frees
+            );
+        }
         return;
     }
     let dir = std::env::var("GPUMEM_BENCH_DIR").ok();
@@ -770,10 +901,12 @@ fn main() {
     if run("graphs") {
         graphs(&mut report);
     }
-    if run("fragmentation") {
-        fragmentation(&mut report, dir.as_deref());
+    let frag = if run("fragmentation") { fragmentation(&mut report, dir.as_deref()) } else { String::new() };
+    let mut table = report.markdown();
+    if !frag.is_empty() {
+        table.push('\n');
+        table.push_str(&frag);
     }
-    let table = report.markdown();
     println!("\n{table}");
     if let Some(d) = &dir {
         let mut f = std::fs::File::create(format!("{d}/table.md")).expect("write the table");

@@ -189,7 +189,7 @@ impl Builder {
 /// Parses the text format.
 pub fn parse(text: &str) -> Result<Vec<Step>, String> {
     text.lines()
-        .filter(|l| !l.trim().is_empty() && !l.starts_with('#'))
+        .filter(|l| !l.trim().is_empty() && !l.trim().starts_with('#'))
         .map(|line| {
             let f: Vec<&str> = line.split_whitespace().collect();
             let num = |i: usize| {
@@ -204,6 +204,23 @@ pub fn parse(text: &str) -> Result<Vec<Step>, String> {
             }
         })
         .collect()
+}
+
+/// Where the training steps of a recorded trace begin: for each `# step` line of `text`, the
+/// index in [`parse`]'s steps of the first step after it.
+#[must_use]
+pub fn step_marks(text: &str) -> Vec<usize> {
+    let mut marks = Vec::new();
+    let mut n = 0;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("# step") {
+            marks.push(n);
+        } else if !line.is_empty() && !line.starts_with('#') {
+            n += 1;
+        }
+    }
+    marks
 }
 
 /// Writes the text format.
@@ -356,4 +373,20 @@ pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
         raw_allocs: c.allocs.load(Ordering::Relaxed),
         raw_frees: c.frees.load(Ordering::Relaxed),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_format_round_trips_and_step_marks_point_past_comments() {
+        let text = "# recorded\na 0 512 0\n# step 1\na 1 4096 1\nf 0\n\n# step 2\nf 1\n";
+        let steps = parse(text).unwrap();
+        assert_eq!(steps.len(), 4);
+        assert_eq!(step_marks(text), vec![1, 3]);
+        assert_eq!(parse(&render(&steps)).unwrap(), steps);
+        assert!(parse("a 1 x 0").is_err());
+        assert_eq!(peak_in_use(&steps), 4608);
+    }
 }
