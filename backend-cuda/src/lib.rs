@@ -78,6 +78,7 @@ mod graph;
 mod memory;
 mod result;
 mod stream;
+mod vmm;
 
 use gpumem_core::{Api, Caps, Runtime};
 
@@ -104,7 +105,7 @@ impl Api for Cuda {
         capture: true,
         stream_ordered_allocation: true,
         host_functions: true,
-        virtual_memory: false,
+        virtual_memory: true,
         peer_access: true,
     };
     type Stream = CudaStream;

@@ -72,6 +72,15 @@ pub(crate) const SYMBOLS: &[&str] = &[
     "cuMemcpyAsync",
     "cuMemsetD8_v2",
     "cuMemsetD8Async",
+    // virtual memory
+    "cuMemGetAllocationGranularity",
+    "cuMemAddressReserve",
+    "cuMemAddressFree",
+    "cuMemCreate",
+    "cuMemRelease",
+    "cuMemMap",
+    "cuMemSetAccess",
+    "cuMemUnmap",
     // streams, capture and graphs
     "cuStreamCreateWithPriority",
     "cuStreamDestroy_v2",
@@ -302,6 +311,7 @@ mod tests {
             include_str!("memory.rs"),
             include_str!("stream.rs"),
             include_str!("event.rs"),
+            include_str!("vmm.rs"),
         ];
         let mut seen = 0;
         for source in sources {

@@ -124,6 +124,13 @@ mod memory;
 mod result;
 mod stream;
 
+/// Virtual memory is not implemented on HIP: every operation answers `Unsupported` and
+/// `CAPS.virtual_memory` is false. (HIP 5.2's runtime, `libamdhip64.so.5.2`, does export
+/// `hipMemAddressReserve`, `hipMemAddressFree`, `hipMemCreate`, `hipMemRelease`, `hipMemMap`,
+/// `hipMemSetAccess`, `hipMemUnmap` and `hipMemGetAllocationGranularity`; the binding crate does
+/// not declare them, and they have never run on AMD hardware here.)
+impl gpumem_core::VirtualMemoryOps for Hip {}
+
 use gpumem_core::{Api, Caps, Runtime};
 
 pub use event::HipEvent;

@@ -24,6 +24,7 @@ mod memory;
 mod pinned;
 mod pool;
 mod streams;
+mod vmm;
 
 use gpumem_core::{MemoryPointer, Runtime};
 
@@ -92,6 +93,7 @@ macro_rules! suite {
         $crate::__pinned_tests!($flavor);
         $crate::__pool_tests!($flavor);
         $crate::__streams_tests!($flavor);
+        $crate::__vmm_tests!($flavor);
     };
 }
 

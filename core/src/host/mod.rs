@@ -23,6 +23,7 @@ mod graph;
 mod memory;
 mod result;
 mod stream;
+mod vmm;
 mod worker;
 
 use std::sync::Arc;
@@ -117,7 +118,7 @@ impl Api for Host {
         capture: true,
         stream_ordered_allocation: true,
         host_functions: true,
-        virtual_memory: false,
+        virtual_memory: true,
         peer_access: true,
     };
     type Stream = HostStream;
