@@ -26,6 +26,12 @@ mod stream;
 mod vmm;
 mod worker;
 
+/// Physical bytes of simulated virtual memory alive on device `dev` (for the pool's tests).
+#[cfg(test)]
+pub(crate) fn vmm_physical_bytes(dev: crate::hal::DeviceId) -> usize {
+    vmm::physical_bytes(dev)
+}
+
 use std::sync::Arc;
 
 use crate::error::Result;

@@ -6,8 +6,9 @@
 //! handle whose bytes count against the device's capacity; mapping records which granules of
 //! which range a handle covers, and the simulation checks every rule the CUDA driver checks:
 //! granule-aligned sizes and addresses, mappings inside a live range that do not overlap, access
-//! set only on mapped memory, unmapping whole mappings, no range freed while mapped. Unmapped
-//! bytes are zeroed, so nothing written through one mapping is read back through another.
+//! set only on mapped memory, unmapping whole mappings, no range freed while mapped. Bytes are not
+//! cleared on unmapping (touching them would commit the pages): memory mapped again reads what
+//! was there, as fresh device memory reads something undefined.
 
 use std::alloc::{alloc_zeroed, dealloc, Layout};
 use std::collections::{BTreeMap, HashMap};
@@ -223,9 +224,6 @@ impl VirtualMemoryOps for Host {
         for o in whole_mappings(API, range, offset, size)? {
             handles.push(range.mapped.remove(&o).expect("found above").1);
         }
-        // SAFETY: `ptr..ptr + size` lies inside the host allocation of a live range (checked by
-        // `range_of` under the lock, which is still held, so it cannot be freed meanwhile).
-        unsafe { std::ptr::write_bytes(ptr as *mut u8, 0, size) };
         for h in handles {
             let p = vm.physical.get_mut(&h).expect("a mapped handle is known");
             p.mapped = false;

@@ -53,6 +53,8 @@ pub(crate) struct ArenaState<K> {
     pub(crate) bounded_split: bool,
     /// Small and large requests are served from separate blocks (`GrowthPolicy::Segments`).
     pub(crate) segmented: bool,
+    /// The block that grows on a miss, with an expandable raw allocator: the newest one.
+    growable: Option<u32>,
     /// Bytes lent out. (Free bytes and free chunks are not counted on the hot path: the pool's
     /// free bytes are its total less its used bytes, and `n_free` counts when asked.)
     pub(crate) used_bytes: usize,
@@ -79,6 +81,7 @@ impl<K: RawBlock> ArenaState<K> {
             orphaned: false,
             bounded_split: false,
             segmented: false,
+            growable: None,
             used_bytes: 0,
             n_lent: 0,
         }
@@ -204,6 +207,7 @@ impl<K: RawBlock> ArenaState<K> {
         if whole > size {
             self.split(slot, size, whole);
         }
+        self.growable = Some(block);
         self.used_bytes += size;
         self.n_lent += 1;
         Lent { slot, ptr }
@@ -275,6 +279,9 @@ impl<K: RawBlock> ArenaState<K> {
         let chunk = self.chunks[slot as usize];
         self.vacate(slot);
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
+        if self.growable == Some(chunk.block) {
+            self.growable = None;
+        }
         self.vacant_blocks.push(chunk.block);
         (mem, chunk.size)
     }
@@ -319,6 +326,96 @@ impl<K: RawBlock> ArenaState<K> {
                 out.push(mem);
                 bytes += size;
             }
+        }
+        bytes
+    }
+
+    /// The last chunk of block `block`.
+    fn last_chunk(&self, block: u32) -> Option<u32> {
+        (0..self.chunks.len() as u32).find(|&s| {
+            let c = &self.chunks[s as usize];
+            c.state != State::Vacant && c.block == block && c.next == NIL
+        })
+    }
+
+    /// The free bytes at the end of the growable block, if it can serve a request of `size`
+    /// bytes (its free index is the request's); `None` when there is no such block.
+    pub(crate) fn growable_tail(&self, size: usize) -> Option<usize> {
+        let last = self.last_chunk(self.growable?)?;
+        let c = &self.chunks[last as usize];
+        if usize::from(c.class) != policy::class(size, self.segmented) {
+            return None;
+        }
+        Some(if c.state == State::Free { c.size } else { 0 })
+    }
+
+    /// Grows the growable block by `extra` bytes through `grow` (the raw allocator's), and adds
+    /// them to its free tail. Returns whether it grew.
+    pub(crate) fn grow_tail(
+        &mut self,
+        extra: usize,
+        grow: impl FnOnce(&mut K) -> crate::error::Result<bool>,
+    ) -> crate::error::Result<bool> {
+        let Some(block) = self.growable else { return Ok(false) };
+        let Some(last) = self.last_chunk(block) else { return Ok(false) };
+        let Some(mem) = self.blocks[block as usize].as_mut() else { return Ok(false) };
+        if !grow(mem)? {
+            return Ok(false);
+        }
+        let c = self.chunks[last as usize];
+        if c.state == State::Free {
+            self.unmark_free(last);
+            self.resize(last, c.size + extra);
+            self.mark_free(last);
+        } else {
+            let tail = self.new_slot(Chunk {
+                ptr: c.ptr + c.size,
+                size: extra,
+                block,
+                prev: last,
+                next: NIL,
+                state: State::Free,
+                bin: bin_for(extra),
+                class: c.class,
+            });
+            self.chunks[last as usize].next = tail;
+            self.mark_free(tail);
+        }
+        Ok(true)
+    }
+
+    /// Gives back the whole granules of every block's free tail through `shrink` (the raw
+    /// allocator's); a block that is all free is left to `release_free_blocks`. Returns the
+    /// bytes given back.
+    pub(crate) fn shrink_tails(
+        &mut self,
+        granule: usize,
+        mut shrink: impl FnMut(&mut K, usize) -> bool,
+    ) -> usize {
+        let mut bytes = 0;
+        for slot in 0..self.chunks.len() as u32 {
+            let c = self.chunks[slot as usize];
+            if c.state != State::Free || c.next != NIL || c.prev == NIL {
+                continue;
+            }
+            let Some(mem) = self.blocks[c.block as usize].as_mut() else { continue };
+            let base = mem.address();
+            let end = c.ptr + c.size;
+            let keep = (c.ptr - base).next_multiple_of(granule);
+            let cut = (end - base).saturating_sub(keep);
+            if cut == 0 || !shrink(mem, cut) {
+                continue;
+            }
+            self.unmark_free(slot);
+            if cut == c.size {
+                let prev = c.prev;
+                self.chunks[prev as usize].next = NIL;
+                self.vacate(slot);
+            } else {
+                self.resize(slot, c.size - cut);
+                self.mark_free(slot);
+            }
+            bytes += cut;
         }
         bytes
     }

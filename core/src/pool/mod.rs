@@ -32,6 +32,8 @@
 #![allow(clippy::module_name_repetitions)]
 
 mod arena;
+#[allow(unsafe_code)] // the virtual-memory calls on the blocks it owns; see the module
+pub mod expandable;
 mod index;
 mod limit;
 mod policy;
@@ -144,6 +146,31 @@ struct Shared<R: RawAllocator> {
     fenced: Mutex<Vec<Fenced<R>>>,
     /// Whether `fenced` may be non-empty: lets a miss skip the lock when nothing waits.
     any_fenced: AtomicBool,
+    /// Misses grow the arena's newest block in place (the allocator is expandable).
+    expandable: AtomicBool,
+}
+
+/// The environment variable that turns expandable segments on for each new pool whose raw
+/// allocator can grow blocks in place: `1` or `true` on, `0` or `false` off (PyTorch's
+/// `expandable_segments:True`).
+pub const EXPANDABLE_SEGMENTS_ENV: &str = "GPUMEM_EXPANDABLE_SEGMENTS";
+
+/// Reads [`EXPANDABLE_SEGMENTS_ENV`]; `None` when it is not set.
+///
+/// # Errors
+///
+/// [`Error::InvalidEnvironment`] for any other value.
+pub fn expandable_segments_from_env() -> Result<Option<bool>> {
+    let Ok(value) = std::env::var(EXPANDABLE_SEGMENTS_ENV) else { return Ok(None) };
+    match value.trim() {
+        "1" | "true" | "True" => Ok(Some(true)),
+        "0" | "false" | "False" => Ok(Some(false)),
+        _ => Err(Error::InvalidEnvironment {
+            variable: EXPANDABLE_SEGMENTS_ENV,
+            value,
+            expected: "1, true, 0 or false",
+        }),
+    }
 }
 
 /// A chunk waiting for its fence before it goes back to its arena.
@@ -213,6 +240,7 @@ impl<R: RawAllocator> Pool<R> {
                 peak_in_use: AtomicUsize::new(0),
                 fenced: Mutex::new(Vec::new()),
                 any_fenced: AtomicBool::new(false),
+                expandable: AtomicBool::new(false),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -361,7 +389,23 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
         hooked: bool,
     ) -> Result<PooledMemory<R>> {
+        // `HoldPeakInUse` releases whole blocks to stay at its peak; growing blocks in place works
+        // against that (measured: it held 2.5 times what was in use), so it does not grow them.
+        if self.shared.expandable.load(Ordering::Relaxed)
+            && self.growth_policy() != GrowthPolicy::HoldPeakInUse
+        {
+            if let Some(p) = self.grow_in_place(mem_size, key, cache)? {
+                return Ok(p);
+            }
+        }
         let mut block_len = mem_size;
+        if self.shared.expandable.load(Ordering::Relaxed) {
+            // The block maps whole granules: the pool counts and lends all of them.
+            let granule = self.shared.allocator.granule().max(1);
+            block_len = mem_size
+                .checked_next_multiple_of(granule)
+                .ok_or(Error::OutOfMemory { size: mem_size, total: None })?;
+        }
         match self.growth_policy() {
             GrowthPolicy::CacheUntilOutOfMemory => {}
             GrowthPolicy::Segments => block_len = self.fuse_for(mem_size, key, cache)?,
@@ -400,6 +444,90 @@ impl<R: RawAllocator> Pool<R> {
             drop(st);
             return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
         }
+    }
+
+    /// Expandable segments: meets a miss by growing the arena's newest block at its end, by what
+    /// its free tail lacks (rounded up to the allocator's granule). `None` when there is no such
+    /// block, the growth would pass the limit, or the allocator cannot grow it: the caller then
+    /// allocates a new block as usual. Growth fires no alloc hook (no raw block is allocated);
+    /// the arena's lock is held across the allocator's call, so only this arena's stream waits.
+    fn grow_in_place(
+        &self,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Result<Option<PooledMemory<R>>> {
+        let arena = self.arena(key, cache);
+        let mut st = arena.state.lock();
+        if st.retired {
+            return Ok(None);
+        }
+        let Some(tail) = st.growable_tail(mem_size) else { return Ok(None) };
+        let granule = self.shared.allocator.granule().max(1);
+        let Some(extra) = mem_size.saturating_sub(tail).checked_next_multiple_of(granule) else {
+            return Ok(None);
+        };
+        if extra == 0 {
+            // The tail fits after all (a fence completed, or another request's chunk came back).
+            if let Some(lent) = st.take(mem_size) {
+                drop(st);
+                return Ok(Some(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size)));
+            }
+            return Ok(None);
+        }
+        let limit = self.get_limit();
+        let fits = self.shared.total_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
+            total.checked_add(extra).filter(|&t| limit == 0 || t <= limit)
+        });
+        if fits.is_err() {
+            return Ok(None);
+        }
+        let grown = match st.grow_tail(extra, |block| self.shared.allocator.grow(block, extra)) {
+            Ok(grown) => grown,
+            Err(e) if e.is_out_of_memory() => false,
+            Err(e) => {
+                self.shared.total_bytes.fetch_sub(extra, Ordering::Relaxed);
+                return Err(e);
+            }
+        };
+        if !grown {
+            self.shared.total_bytes.fetch_sub(extra, Ordering::Relaxed);
+            return Ok(None);
+        }
+        // The grown tail holds the request, in the request's free index; best fit may still pick
+        // a smaller free chunk that fits, which is as good.
+        // `HoldPeakInUse`'s bound on splits does not apply: the tail was grown for this request.
+        let bounded = std::mem::replace(&mut st.bounded_split, false);
+        let lent = st.take(mem_size);
+        st.bounded_split = bounded;
+        let Some(lent) = lent else { return Ok(None) };
+        drop(st);
+        Ok(Some(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size)))
+    }
+
+    /// Turns expandable segments on or off: with them, a miss grows the arena's newest raw block
+    /// in place (more pages mapped at its end) instead of allocating a new one, and
+    /// `free_all_blocks` unmaps the free tails of blocks. Off by default; the runtime's pools turn
+    /// it on from [`EXPANDABLE_SEGMENTS_ENV`].
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` when turning it on and the raw allocator cannot grow blocks.
+    pub fn set_expandable_segments(&self, on: bool) -> Result<()> {
+        if on && !self.shared.allocator.expandable() {
+            return Err(Error::Unsupported {
+                operation: "expandable segments",
+                backend: "this raw allocator",
+            });
+        }
+        self.shared.expandable.store(on, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Whether expandable segments are on.
+    #[must_use]
+    pub fn expandable_segments(&self) -> bool {
+        self.shared.expandable.load(Ordering::Relaxed)
     }
 
     /// `GrowthPolicy::Segments` on a miss of `mem_size` bytes in arena `key`: gives back the
@@ -539,7 +667,16 @@ impl<R: RawAllocator> Pool<R> {
             let empty;
             {
                 let mut st = arena.state.lock();
-                bytes = st.release_free_blocks(&mut released);
+                let mut cut = 0;
+                if self.shared.expandable.load(Ordering::Relaxed) {
+                    let (allocator, granule) =
+                        (&self.shared.allocator, self.shared.allocator.granule().max(1));
+                    // A failed unmap keeps the tail: it stays cached and lendable.
+                    cut = st.shrink_tails(granule, |block, bytes| {
+                        allocator.shrink(block, bytes).unwrap_or(false)
+                    });
+                }
+                bytes = st.release_free_blocks(&mut released) + cut;
                 empty = st.is_empty();
             }
             self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);

@@ -395,3 +395,115 @@ fn a_rounded_block_over_the_limit_falls_back_to_the_request() {
     let err = pool.malloc(12 << 20, ArenaKey::NULL, &cache).unwrap_err();
     assert!(matches!(err, Error::LimitExceeded { .. }), "{err:?}");
 }
+
+#[test]
+#[allow(unsafe_code)] // reads and writes the grown memory through the host backend
+fn expandable_segments_grow_the_newest_block_in_place_and_unmap_free_tails() {
+    use crate::hal::MemoryOps;
+    use crate::host::Host;
+    const MIB: usize = 1 << 20;
+    let allocator = expandable::ExpandableAllocator::<Host>::new(0, 64 * MIB).unwrap();
+    assert_eq!(allocator.granule(), 2 * MIB);
+    let pool = Pool::new(0, allocator);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let a = pool.malloc(3 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 4 * MIB, "whole granules");
+    let b = pool.malloc(3 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(b.ptr(), a.ptr() + 3 * MIB, "the free tail and the new granule are one chunk");
+    assert_eq!(pool.total_bytes(), 6 * MIB, "grown by what the tail lacked");
+    let c = pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(c.ptr(), b.ptr() + 3 * MIB);
+    assert_eq!(pool.total_bytes(), 16 * MIB);
+    // The grown memory is mapped and usable from one end to the other.
+    // SAFETY: `a.ptr()..c.ptr() + 10 MiB` is mapped (16 MiB from `a.ptr()`), and nothing else
+    // uses it.
+    unsafe { Host::memset(0, a.ptr(), 5, 16 * MIB).unwrap() };
+    let mut last = [0u8; 4];
+    // SAFETY: as above; `last` is 4 writable bytes.
+    unsafe { Host::memcpy(0, last.as_mut_ptr() as usize, c.ptr() + 10 * MIB - 4, 4).unwrap() };
+    assert_eq!(last, [5; 4]);
+    drop(c);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 6 * MIB, "the free tail's whole granules were unmapped");
+    let d = pool.malloc(MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(d.ptr(), b.ptr() + 3 * MIB, "the kept part of the tail is lent again");
+    drop((a, b, d));
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(crate::host::vmm_physical_bytes(0), 0, "every granule was released");
+}
+
+#[test]
+fn expandable_segments_need_an_allocator_that_grows() {
+    let (pool, _mock, _cache) = pool();
+    let err = pool.set_expandable_segments(true).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(!pool.expandable_segments());
+    pool.set_expandable_segments(false).unwrap();
+}
+
+#[test]
+fn the_expandable_segments_variable_is_read_strictly() {
+    // The only test that sets this variable.
+    for (value, expected) in
+        [("1", Some(true)), ("true", Some(true)), ("0", Some(false)), ("false", Some(false))]
+    {
+        std::env::set_var(EXPANDABLE_SEGMENTS_ENV, value);
+        assert_eq!(expandable_segments_from_env().unwrap(), expected, "{value}");
+    }
+    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "yes");
+    let err = expandable_segments_from_env().unwrap_err();
+    assert!(matches!(err, Error::InvalidEnvironment { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "GPUMEM_EXPANDABLE_SEGMENTS=\"yes\" is not valid: 1, true, 0 or false");
+    std::env::remove_var(EXPANDABLE_SEGMENTS_ENV);
+    assert_eq!(expandable_segments_from_env().unwrap(), None);
+}
+
+#[test]
+fn expandable_segments_settle_on_a_training_loop_and_hold_less() {
+    let lens: Vec<usize> =
+        std::iter::once(0).chain((0..=10).map(|n| trace::training(12, 768, 4096, n).len())).collect();
+    let steps = trace::training(12, 768, 4096, 10);
+    for policy in [GrowthPolicy::CacheUntilOutOfMemory, GrowthPolicy::Segments] {
+        let allocator = trace::CountingAllocator::expandable(2 << 20);
+        let pool = Pool::new(0, allocator.clone());
+        pool.set_growth_policy(policy);
+        pool.set_expandable_segments(true).unwrap();
+        let cache = ArenaCache::new();
+        let mut live = HashMap::new();
+        let mut calls = Vec::new();
+        for w in lens.windows(2) {
+            replay_into(&pool, &cache, &steps[w[0]..w[1]], &mut live, |_, _| {});
+            calls.push(raw_calls(allocator.counts()));
+        }
+        // Setup, step 1, step 2 (the optimizer state's first full step), then nothing.
+        assert!(calls[3..].iter().all(|c| *c == calls[2]), "{policy:?}: {calls:?}");
+        let with = allocator.counts().peak.load(Ordering::Relaxed);
+        let without = trace::replay(&steps, policy).unwrap().peak_held;
+        assert!(with < without, "{policy:?}: held {with} with expandable segments, {without} without");
+    }
+}
+
+#[test]
+fn expandable_segments_lend_disjoint_chunks_and_every_byte_comes_back() {
+    let steps = trace::random(11, 6000, 0.52, 256.0 * 1024.0, 2.0, 64 << 20, 4);
+    let allocator = trace::CountingAllocator::expandable(2 << 20);
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let mut live = HashMap::new();
+    replay_into(&pool, &cache, &steps, &mut live, |p, live| {
+        let (start, end) = (p.ptr(), p.ptr() + p.size());
+        for other in live.values() {
+            assert!(end <= other.ptr() || other.ptr() + other.size() <= start, "overlapping chunks");
+        }
+    });
+    assert_eq!(pool.total_bytes(), allocator.counts().held.load(Ordering::Relaxed));
+    drop(live);
+    assert_eq!(pool.used_bytes(), 0);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
+}

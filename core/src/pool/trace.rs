@@ -276,9 +276,13 @@ impl ReplayStats {
 
 /// Counts what a raw allocator is asked for and what it holds; hands out address ranges that
 /// never overlap (host memory is not touched: the blocks are numbers).
+/// With [`CountingAllocator::expandable`], blocks grow and shrink in place, in granules, each
+/// growth counted as a raw allocation and each shrink as a raw free (PyTorch counts its
+/// expandable segments' maps and unmaps so).
 #[derive(Clone, Default)]
 pub struct CountingAllocator {
     counts: Arc<Counts>,
+    granule: Option<usize>,
 }
 
 /// The counters of a [`CountingAllocator`].
@@ -296,6 +300,12 @@ pub struct Counts {
 }
 
 impl CountingAllocator {
+    /// A counting allocator whose blocks grow and shrink in steps of `granule` bytes.
+    #[must_use]
+    pub fn expandable(granule: usize) -> Self {
+        CountingAllocator { counts: Arc::default(), granule: Some(granule.max(1)) }
+    }
+
     /// The counters.
     #[must_use]
     pub fn counts(&self) -> &Counts {
@@ -336,12 +346,44 @@ impl RawAllocator for CountingAllocator {
 
     fn allocate(&self, device: DeviceId, size: usize) -> Result<CountedBlock> {
         let c = &self.counts;
-        // A gap of one page between blocks, so that no two blocks look contiguous.
-        let address = (1 << 40) + c.next.fetch_add(size.next_multiple_of(4096) + 4096, Ordering::Relaxed);
+        // A gap between blocks, so that no two blocks look contiguous; growable blocks get a
+        // range of 1 TiB each to grow into.
+        let span = if self.granule.is_some() { 1 << 40 } else { size.next_multiple_of(4096) + 4096 };
+        let address = (1 << 40) + c.next.fetch_add(span, Ordering::Relaxed);
         let now = c.held.fetch_add(size, Ordering::Relaxed) + size;
         c.peak.fetch_max(now, Ordering::Relaxed);
         c.allocs.fetch_add(1, Ordering::Relaxed);
         Ok(CountedBlock { address, size, device, counts: Arc::clone(c) })
+    }
+
+    fn expandable(&self) -> bool {
+        self.granule.is_some()
+    }
+
+    fn granule(&self) -> usize {
+        self.granule.unwrap_or(1)
+    }
+
+    fn grow(&self, block: &mut CountedBlock, extra: usize) -> Result<bool> {
+        if self.granule.is_none() {
+            return Ok(false);
+        }
+        let c = &self.counts;
+        block.size += extra;
+        let now = c.held.fetch_add(extra, Ordering::Relaxed) + extra;
+        c.peak.fetch_max(now, Ordering::Relaxed);
+        c.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    fn shrink(&self, block: &mut CountedBlock, bytes: usize) -> Result<bool> {
+        if self.granule.is_none() || bytes >= block.size {
+            return Ok(false);
+        }
+        block.size -= bytes;
+        self.counts.held.fetch_sub(bytes, Ordering::Relaxed);
+        self.counts.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
     }
 }
 
@@ -352,9 +394,25 @@ impl RawAllocator for CountingAllocator {
 ///
 /// The pool's errors (none on this allocator, which never runs out).
 pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
-    let allocator = CountingAllocator::default();
+    replay_on(steps, policy, CountingAllocator::default())
+}
+
+/// As [`replay`], with expandable segments on (blocks grow in 2 MiB granules, each growth a
+/// counted raw allocation).
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
+    replay_on(steps, policy, CountingAllocator::expandable(2 << 20))
+}
+
+fn replay_on(steps: &[Step], policy: GrowthPolicy, allocator: CountingAllocator) -> Result<ReplayStats> {
     let pool = Pool::new(0, allocator.clone());
     pool.set_growth_policy(policy);
+    if allocator.expandable() {
+        pool.set_expandable_segments(true)?;
+    }
     let cache = ArenaCache::new();
     let mut live = HashMap::new();
     for step in steps {
