@@ -16,7 +16,9 @@
 
 #![allow(missing_docs)]
 
+use gpumem::core::pool::expandable::{self, ExpandableAllocator};
 use gpumem::core::pool::trace;
+use gpumem::core::{ArenaKey, RawBlock};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -27,8 +29,8 @@ use std::time::Instant;
 
 use gpumem::core::{GraphOps, MemoryOps, StreamOps};
 use gpumem::{
-    hooks, BaseMemory, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy,
-    MemoryPointer, PinnedMemoryPointer, RawAllocator, SingleDeviceMemoryPool, Stream,
+    hooks, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy, MemoryPointer,
+    PinnedMemoryPointer, RawAllocator, SingleDeviceMemoryPool, Stream,
 };
 
 type Anchors = HashMap<String, f64>;
@@ -595,63 +597,88 @@ fn graphs(report: &mut Report) {
     );
 }
 
-/// A raw allocator that counts its calls, the bytes it holds and their peak.
-struct Counting {
-    inner: DeviceAllocator,
+/// A raw allocator that counts the calls it forwards to `inner`, the bytes it holds and their
+/// peak. With an expandable `inner`, each growth counts as a raw allocation and each shrink as a
+/// raw free (as PyTorch counts its expandable segments' maps and unmaps).
+struct Counting<A: RawAllocator> {
+    inner: A,
     held: Arc<AtomicUsize>,
     peak: AtomicUsize,
     allocs: AtomicUsize,
     frees: Arc<AtomicUsize>,
 }
 
-#[derive(Debug)]
-struct Counted {
-    mem: gpumem::Memory,
+impl<A: RawAllocator> Counting<A> {
+    fn new(inner: A) -> Self {
+        Counting {
+            inner,
+            held: Arc::new(AtomicUsize::new(0)),
+            peak: AtomicUsize::new(0),
+            allocs: AtomicUsize::new(0),
+            frees: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn add(&self, bytes: usize) {
+        let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct Counted<K: RawBlock> {
+    block: K,
     held: Arc<AtomicUsize>,
     frees: Arc<AtomicUsize>,
 }
 
-// SAFETY: forwards to a memory object of `B` that this value owns.
-unsafe impl BaseMemory<B> for Counted {
-    fn ptr(&self) -> usize {
-        self.mem.ptr()
-    }
-    fn size(&self) -> usize {
-        self.mem.size()
-    }
-    fn device_id(&self) -> DeviceId {
-        self.mem.device_id()
-    }
-}
-
-impl Drop for Counted {
+impl<K: RawBlock> Drop for Counted<K> {
     fn drop(&mut self) {
-        self.held.fetch_sub(self.mem.size(), Ordering::Relaxed);
+        self.held.fetch_sub(self.block.size(), Ordering::Relaxed);
         self.frees.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-impl gpumem::RawBlock for Counted {
+impl<K: RawBlock> RawBlock for Counted<K> {
     fn address(&self) -> usize {
-        self.mem.ptr()
+        self.block.address()
     }
     fn size(&self) -> usize {
-        BaseMemory::<B>::size(&self.mem)
+        self.block.size()
     }
     fn device(&self) -> DeviceId {
-        self.mem.device_id()
+        self.block.device()
     }
 }
 
-impl RawAllocator for Counting {
-    type Block = Counted;
+impl<A: RawAllocator> RawAllocator for Counting<A> {
+    type Block = Counted<A::Block>;
 
-    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Counted> {
-        let mem = self.inner.allocate(device, size)?;
-        let now = self.held.fetch_add(size, Ordering::Relaxed) + size;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        self.allocs.fetch_add(1, Ordering::Relaxed);
-        Ok(Counted { mem, held: Arc::clone(&self.held), frees: Arc::clone(&self.frees) })
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Self::Block> {
+        let block = self.inner.allocate(device, size)?;
+        self.add(block.size());
+        Ok(Counted { block, held: Arc::clone(&self.held), frees: Arc::clone(&self.frees) })
+    }
+    fn expandable(&self) -> bool {
+        self.inner.expandable()
+    }
+    fn granule(&self) -> usize {
+        self.inner.granule()
+    }
+    fn grow(&self, block: &mut Self::Block, extra: usize) -> gpumem::Result<bool> {
+        let grown = self.inner.grow(&mut block.block, extra)?;
+        if grown {
+            self.add(extra);
+        }
+        Ok(grown)
+    }
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> gpumem::Result<bool> {
+        let shrunk = self.inner.shrink(&mut block.block, bytes)?;
+        if shrunk {
+            self.held.fetch_sub(bytes, Ordering::Relaxed);
+            self.frees.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(shrunk)
     }
 }
 
@@ -666,65 +693,77 @@ struct Replayed {
     ms: f64,
 }
 
-/// Replays a trace through a fresh pool with `policy`, on one stream per stream of the trace,
-/// timed from the first step to a device synchronisation after the last (the pool is made before
-/// and dropped after the clock). Raw frees are those made during the replay.
-fn replay_once(
-    steps: &[trace::Step],
-    second: Option<usize>,
-    policy: GrowthPolicy,
-    streams: &[Stream],
-) -> Replayed {
-    let counting = Arc::new(Counting {
-        inner: DeviceAllocator::new(),
-        held: Arc::new(AtomicUsize::new(0)),
-        peak: AtomicUsize::new(0),
-        allocs: AtomicUsize::new(0),
-        frees: Arc::new(AtomicUsize::new(0)),
-    });
-    let pool = gpumem::core::SingleDeviceMemoryPool::<B, _>::with_allocator(dev(), counting.clone()).unwrap();
-    pool.set_growth_policy(policy);
-    let mut live = HashMap::with_capacity(steps.len());
-    let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
-    let mut before_second = 0;
-    let t = Instant::now();
-    for (i, step) in steps.iter().enumerate() {
-        if Some(i) == second {
-            before_second = calls();
+/// The raw allocator of a replay.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Raw {
+    /// `cuMemAlloc` per block.
+    Plain,
+    /// Expandable segments on the virtual-memory API.
+    Expandable,
+}
+
+/// Replays a trace through a fresh pool (the pool's own API, each trace stream its own arena)
+/// with `policy`, timed from the first step to a device synchronisation after the last (the pool
+/// is made before and dropped after the clock). Raw frees are those made during the replay.
+fn replay_once(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, raw: Raw) -> Replayed {
+    fn run<A: RawAllocator>(
+        steps: &[trace::Step],
+        second: Option<usize>,
+        policy: GrowthPolicy,
+        counting: Arc<Counting<A>>,
+    ) -> Replayed {
+        let expandable = counting.expandable();
+        let pool = gpumem::core::pool::Pool::new(dev(), Arc::clone(&counting));
+        pool.set_growth_policy(policy);
+        if expandable {
+            pool.set_expandable_segments(true).unwrap();
         }
-        match *step {
-            trace::Step::Alloc { id, size, stream } => {
-                let _g = streams[stream].enter().unwrap();
-                live.insert(id, pool.malloc_pooled(size).unwrap());
+        let cache = gpumem::core::pool::ArenaCache::new();
+        let keys: Vec<ArenaKey> = (0..64).map(ArenaKey::stream).collect();
+        let mut live = HashMap::with_capacity(steps.len());
+        let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
+        let mut before_second = 0;
+        let t = Instant::now();
+        for (i, step) in steps.iter().enumerate() {
+            if Some(i) == second {
+                before_second = calls();
             }
-            trace::Step::Free { id } => drop(live.remove(&id)),
+            match *step {
+                trace::Step::Alloc { id, size, stream } => {
+                    live.insert(id, pool.malloc(size, keys[stream], &cache).unwrap());
+                }
+                trace::Step::Free { id } => drop(live.remove(&id)),
+            }
+        }
+        drop(live);
+        gpumem::Device::current().synchronize().unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let later = second.map(|_| calls() - before_second);
+        let (allocs, frees) =
+            (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
+        let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
+        drop(pool);
+        Replayed { ratio, allocs, frees, later, ms }
+    }
+    match raw {
+        Raw::Plain => run(steps, second, policy, Arc::new(Counting::new(DeviceAllocator::new()))),
+        Raw::Expandable => {
+            // A quarter of the device per block at most: the host backend's reserved ranges are
+            // host address space, which the operating system may refuse in one piece.
+            let total = gpumem::Device::current().properties().unwrap().total_memory;
+            let inner =
+                ExpandableAllocator::<B>::new(dev(), expandable::DEFAULT_RESERVE.min(total / 4)).unwrap();
+            run(steps, second, policy, Arc::new(Counting::new(inner)))
         }
     }
-    drop(live);
-    gpumem::Device::current().synchronize().unwrap();
-    let ms = t.elapsed().as_secs_f64() * 1e3;
-    let later = second.map(|_| calls() - before_second);
-    let (allocs, frees) = (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
-    let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
-    drop(pool);
-    Replayed { ratio, allocs, frees, later, ms }
 }
 
 /// One warm-up replay, then `REPLAYS` timed ones: the median time; the counts and the ratio of
 /// the first timed one (every replay starts from an empty pool, so they are the same each time).
-fn replay(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy) -> Replayed {
+fn replay(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, raw: Raw) -> Replayed {
     const REPLAYS: usize = 5;
-    let n_streams = steps
-        .iter()
-        .filter_map(|s| if let trace::Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let streams: Vec<Stream> = (0..n_streams)
-        .map(|i| if i == 0 { Stream::null() } else { Stream::non_blocking().unwrap() })
-        .collect();
-    replay_once(steps, second, policy, &streams);
-    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, &streams)).collect();
+    replay_once(steps, second, policy, raw);
+    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, raw)).collect();
     let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
     let first = &runs[0];
     Replayed { ratio: first.ratio, allocs: first.allocs, frees: first.frees, later: first.later, ms }
@@ -747,10 +786,12 @@ fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Option<usiz
     traces
 }
 
-const POLICIES: [(&str, GrowthPolicy); 3] = [
-    ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory),
-    ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse),
-    ("gpumem, Segments", GrowthPolicy::Segments),
+const POLICIES: [(&str, GrowthPolicy, Raw); 5] = [
+    ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory, Raw::Plain),
+    ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse, Raw::Plain),
+    ("gpumem, Segments", GrowthPolicy::Segments, Raw::Plain),
+    ("gpumem, CuPy's rules, expandable segments", GrowthPolicy::CacheUntilOutOfMemory, Raw::Expandable),
+    ("gpumem, Segments, expandable segments", GrowthPolicy::Segments, Raw::Expandable),
 ];
 
 /// The anchors' rows: (label, key prefix in anchors.txt).
@@ -774,8 +815,11 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
     for (name, steps, second) in traces(dir) {
         let label = format!("{name} ({} steps)", steps.len());
         let mut ours = Vec::new();
-        for (what, policy) in POLICIES {
-            let r = replay(&steps, second, policy);
+        for (what, policy, raw) in POLICIES {
+            if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
+                continue;
+            }
+            let r = replay(&steps, second, policy, raw);
             let later = r.later.map_or("-".into(), |n| n.to_string());
             eprintln!(
                 "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms",
@@ -787,7 +831,7 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
                 r.ratio, r.allocs, r.frees, r.ms
             )
             .unwrap();
-            ours.push((policy, r));
+            ours.push((policy, raw, r));
         }
         for (what, key) in FRAG_ANCHORS {
             let get = |field: &str| report.external(&format!("{key}_frag_{name}_{field}"));
@@ -806,39 +850,54 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
             )
             .unwrap();
         }
-        let (_, seg) = ours.iter().find(|(p, _)| *p == GrowthPolicy::Segments).expect("Segments replayed");
         let target = if name == "random" { 1.05 } else { 1.03 };
-        let what = |m: &str| format!("{label}, Segments, {m}");
-        report.add("fragmentation", what("held / in use"), seg.ratio, "target", Some(target), "ratio", true);
         let anchors = report.anchors.clone();
         let torch = |field: &str| anchors.get(&format!("torch_default_frag_{name}_{field}")).copied();
-        report.add(
-            "fragmentation",
-            what("held / in use"),
-            seg.ratio,
-            "PyTorch caching allocator",
-            torch("ratio"),
-            "ratio",
-            true,
-        );
-        report.add(
-            "fragmentation",
-            what("raw allocations"),
-            seg.allocs as f64,
-            "PyTorch caching allocator",
-            torch("allocs"),
-            "calls",
-            true,
-        );
-        report.add(
-            "fragmentation",
-            what("replay"),
-            seg.ms,
-            "PyTorch caching allocator",
-            torch("ms"),
-            "ms",
-            true,
-        );
+        for (policy_name, raw) in
+            [("Segments", Raw::Plain), ("Segments + expandable segments", Raw::Expandable)]
+        {
+            let Some((_, _, seg)) = ours.iter().find(|(p, r, _)| *p == GrowthPolicy::Segments && *r == raw)
+            else {
+                continue;
+            };
+            let what = |m: &str| format!("{label}, {policy_name}, {m}");
+            report.add(
+                "fragmentation",
+                what("held / in use"),
+                seg.ratio,
+                "target",
+                Some(target),
+                "ratio",
+                true,
+            );
+            report.add(
+                "fragmentation",
+                what("held / in use"),
+                seg.ratio,
+                "PyTorch caching allocator",
+                torch("ratio"),
+                "ratio",
+                true,
+            );
+            report.add(
+                "fragmentation",
+                what("raw allocations"),
+                seg.allocs as f64,
+                "PyTorch caching allocator",
+                torch("allocs"),
+                "calls",
+                true,
+            );
+            report.add(
+                "fragmentation",
+                what("replay"),
+                seg.ms,
+                "PyTorch caching allocator",
+                torch("ms"),
+                "ms",
+                true,
+            );
+        }
     }
     table
 }
@@ -868,8 +927,12 @@ fn main() {
         let path = args.get(i + 1).expect("--replay-host PATH");
         let text = std::fs::read_to_string(path).expect("read the trace");
         let steps = trace::parse(&text).expect("a trace");
-        for (what, policy) in POLICIES {
-            let r = trace::replay(&steps, policy).expect("replay");
+        for (what, policy, raw) in POLICIES {
+            let r = match raw {
+                Raw::Plain => trace::replay(&steps, policy),
+                Raw::Expandable => trace::replay_expandable(&steps, policy),
+            }
+            .expect("replay");
             println!(
                 "{what:<24} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}",
                 r.ratio(),
