@@ -27,6 +27,8 @@ pub(crate) const GRANULE: usize = 2 << 20;
 struct Range {
     dev: DeviceId,
     size: usize,
+    /// The host allocation the range lies in (it starts at most a granule below the range).
+    allocation: DevicePtr,
     /// Mappings by offset: (length, handle, devices with access).
     mapped: BTreeMap<usize, (usize, PhysicalHandle, Vec<DeviceId>)>,
 }
@@ -64,6 +66,16 @@ fn check_granules(api: &'static str, size: usize) -> Result<()> {
         ));
     }
     Ok(())
+}
+
+/// The host allocation behind a reserved range of `size` bytes: one granule more than the range,
+/// so that the range can start on a granule, with a small alignment. (A large alignment would
+/// make the allocator write the zeroes itself, committing every page; a small one gets pages the
+/// operating system zeroes when first touched.)
+fn host_layout(size: usize) -> Result<Layout> {
+    size.checked_add(GRANULE)
+        .and_then(|n| Layout::from_size_align(n, 16).ok())
+        .ok_or(Error::OutOfMemory { size, total: None })
 }
 
 /// The range holding `ptr..ptr + size`, and the offset of `ptr` in it.
@@ -112,15 +124,16 @@ impl VirtualMemoryOps for Host {
         const API: &str = "cuMemAddressReserve";
         check_device(API, dev)?;
         check_granules(API, size)?;
-        let layout =
-            Layout::from_size_align(size, GRANULE).map_err(|_| Error::OutOfMemory { size, total: None })?;
+        let layout = host_layout(size)?;
         // SAFETY: the size is not 0 (checked above) and the alignment is a power of two.
-        let ptr = unsafe { alloc_zeroed(layout) };
-        if ptr.is_null() {
+        let allocation = unsafe { alloc_zeroed(layout) };
+        if allocation.is_null() {
             return Err(Error::OutOfMemory { size, total: None });
         }
-        vm().ranges.insert(ptr as DevicePtr, Range { dev, size, mapped: BTreeMap::new() });
-        Ok(ptr as DevicePtr)
+        let ptr = (allocation as DevicePtr).next_multiple_of(GRANULE);
+        vm().ranges
+            .insert(ptr, Range { dev, size, allocation: allocation as DevicePtr, mapped: BTreeMap::new() });
+        Ok(ptr)
     }
 
     unsafe fn vm_free_range(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
@@ -135,12 +148,12 @@ impl VirtualMemoryOps for Host {
                 return Err(invalid(API, format!("0x{ptr:x}+{size} is not a reserved range of device {dev}")))
             }
         }
-        vm.ranges.remove(&ptr);
+        let range = vm.ranges.remove(&ptr).expect("found above");
         drop(vm);
-        let layout = Layout::from_size_align(size, GRANULE).expect("the layout was valid when reserved");
-        // SAFETY: `ptr` came from `alloc_zeroed(layout)` in `vm_reserve` with this size, and it was
-        // just removed from the registry under its lock, so it is freed once.
-        unsafe { dealloc(ptr as *mut u8, layout) };
+        let layout = host_layout(size).expect("the layout was valid when reserved");
+        // SAFETY: `range.allocation` came from `alloc_zeroed(layout)` in `vm_reserve` for this
+        // size, and the range was just removed from the registry under its lock: freed once.
+        unsafe { dealloc(range.allocation as *mut u8, layout) };
         Ok(())
     }
 
