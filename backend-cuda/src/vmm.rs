@@ -49,11 +49,8 @@ impl VirtualMemoryOps for Cuda {
         make_current(dev)?;
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: `ptr` is a valid out-pointer; alignment 0 is the granule; no fixed address.
-        check_alloc(
-            "cuMemAddressReserve",
-            unsafe { sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) },
-            size,
-        )?;
+        let r = unsafe { sys::cuMemAddressReserve(&mut ptr, size, 0, 0, 0) };
+        check_alloc("cuMemAddressReserve", r, size)?;
         Ok(ptr as DevicePtr)
     }
 

@@ -59,7 +59,7 @@ fn invalid(api: &'static str, what: String) -> Error {
 }
 
 fn check_granules(api: &'static str, size: usize) -> Result<()> {
-    if size == 0 || size % GRANULE != 0 {
+    if size == 0 || !size.is_multiple_of(GRANULE) {
         return Err(invalid(
             api,
             format!("size {size} is not a positive multiple of the granule ({GRANULE})"),
@@ -91,7 +91,7 @@ fn range_of<'a>(
     if offset.checked_add(size).is_none_or(|end| end > range.size) {
         return Err(outside());
     }
-    if offset % GRANULE != 0 {
+    if !offset.is_multiple_of(GRANULE) {
         return Err(invalid(api, format!("0x{ptr:x} is not aligned to the granule")));
     }
     Ok((base, offset, range))

@@ -181,7 +181,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// first `size` bytes; the rest stays free.
     pub(crate) fn lend_new_block(&mut self, mem: K, whole: usize, size: usize) -> Lent {
         let ptr = mem.address();
-        debug_assert!(whole >= size && whole % super::UNIT == 0);
+        debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
         let block = match self.vacant_blocks.pop() {
             Some(b) => {
                 self.blocks[b as usize] = Some(mem);

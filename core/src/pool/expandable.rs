@@ -63,11 +63,11 @@ impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
         let result = (|| {
             for i in 0..bytes / self.granule {
                 let handle = B::vm_create(block.device, self.granule)?;
-                // SAFETY: `start + i * granule` lies in the block's reserved range (the caller
-                // checked `mapped + bytes <= reserved`), past everything mapped so far.
-                if let Err(e) =
-                    unsafe { B::vm_map(block.device, start + i * self.granule, self.granule, handle) }
-                {
+                let at = start + i * self.granule;
+                // SAFETY: `at` lies in the block's reserved range (the caller checked
+                // `mapped + bytes <= reserved`), past everything mapped so far.
+                let mapped = unsafe { B::vm_map(block.device, at, self.granule, handle) };
+                if let Err(e) = mapped {
                     // SAFETY: the handle was just made and is not mapped.
                     let _ = unsafe { B::vm_release(block.device, handle) };
                     return Err(e);
@@ -186,7 +186,7 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
     }
 
     fn grow(&self, block: &mut Segment<B>, extra: usize) -> Result<bool> {
-        if extra % self.granule != 0 || block.mapped + extra > block.reserved {
+        if !extra.is_multiple_of(self.granule) || block.mapped + extra > block.reserved {
             return Ok(false);
         }
         self.map_more(block, extra)?;
@@ -194,7 +194,7 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
     }
 
     fn shrink(&self, block: &mut Segment<B>, bytes: usize) -> Result<bool> {
-        if bytes % self.granule != 0 || bytes >= block.mapped {
+        if !bytes.is_multiple_of(self.granule) || bytes >= block.mapped {
             return Ok(false);
         }
         block.unmap_last(bytes / self.granule)?;

@@ -42,7 +42,7 @@ pub(crate) fn block_size(size: usize, fused: usize) -> Option<usize> {
     } else {
         size.checked_next_multiple_of(LARGE_ROUND)?
     };
-    debug_assert!(own % UNIT == 0 && fused % UNIT == 0);
+    debug_assert!(own.is_multiple_of(UNIT) && fused.is_multiple_of(UNIT));
     if size <= SMALL_REQUEST {
         // Small blocks stay small: fusing them would make a large block out of small ones.
         return Some(own);

@@ -187,6 +187,10 @@ impl Builder {
 }
 
 /// Parses the text format.
+///
+/// # Errors
+///
+/// The first line that is not a step or a comment, as text.
 pub fn parse(text: &str) -> Result<Vec<Step>, String> {
     text.lines()
         .filter(|l| !l.trim().is_empty() && !l.trim().starts_with('#'))
