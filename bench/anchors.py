@@ -4,20 +4,30 @@ same machine, the same sizes and the same traces, in the same run.
 
 Writes DIR/anchors.txt, one `key value` per line, which `cargo bench --bench gpu` reads through
 GPUMEM_BENCH_DIR. DIR must hold random.trace (written by the benchmark with --write-trace) and may
-hold training.trace (bench/record_training_trace.py).
+hold training.trace and bert.trace (bench/record_training_trace.py).
+
+Fragmentation: every trace replayed through CuPy's MemoryPool (its raw allocations and frees
+counted through a counting allocator) and PyTorch's caching allocator, default and with
+expandable_segments:True (each in a child process, as PyTorch reads its configuration once;
+raw calls are num_device_alloc / num_device_free of torch.cuda.memory_stats()): peak held over
+peak in use, raw allocations, raw frees, and the replay's wall time to a final synchronisation,
+the median of 5 replays after a warm-up, each from an empty cache.
 
 PyTorch's allocator is timed from C++ (raw_alloc_with_stream / raw_delete, compiled here with
 torch.utils.cpp_extension), so Python's overhead is not counted against it; CuPy's only entry
 point is Python, so it is timed through cupy.cuda.alloc as its users call it.
 
-Usage: python3 bench/anchors.py DIR
+Usage: python3 bench/anchors.py DIR [fragmentation]   (with `fragmentation`: only those anchors)
 """
 import io
+import json
 import os
 import statistics
+import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import cupy as cp
 import torch
@@ -154,17 +164,20 @@ def cupy_alloc(out):
 
 
 def read_trace(path):
-    steps = []
+    """The trace's steps, and where its second training step begins (None if it marks none)."""
+    steps, marks = [], []
     with open(path) as f:
         for line in f:
             parts = line.split()
+            if line.startswith("# step"):
+                marks.append(len(steps))
             if not parts or parts[0].startswith("#"):
                 continue
             if parts[0] == "a":
                 steps.append(("a", int(parts[1]), int(parts[2]), int(parts[3])))
             else:
                 steps.append(("f", int(parts[1])))
-    return steps
+    return steps, (marks[1] if len(marks) > 1 else None)
 
 
 def peak_in_use(steps):
@@ -179,12 +192,45 @@ def peak_in_use(steps):
     return peak
 
 
-def cupy_replay(steps):
-    pool = cp.cuda.MemoryPool()
-    n_streams = 1 + max(s[3] for s in steps if s[0] == "a")
-    streams = [cp.cuda.Stream.null] + [cp.cuda.Stream(non_blocking=True) for _ in range(n_streams - 1)]
-    live, peak = {}, 0
-    for s in steps:
+REPLAYS = 5
+TRACES = ("random", "training", "bert")
+
+
+def n_streams(steps):
+    return 1 + max(s[3] for s in steps if s[0] == "a")
+
+
+def timed_replays(once):
+    """One warm-up replay, then REPLAYS timed ones: the median time, the counts and ratio of the
+    first timed one (every replay starts from an empty cache, so they repeat)."""
+    once()
+    runs = [once() for _ in range(REPLAYS)]
+    first = dict(runs[0])
+    first["ms"] = statistics.median(r["ms"] for r in runs)
+    if first.get("later") is None:
+        first.pop("later", None)
+    return first
+
+
+def cupy_replay_once(steps, second, in_use, streams):
+    counts = {"allocs": 0, "frees": 0}
+
+    def freed():
+        counts["frees"] += 1
+
+    def counting(size):
+        mem = cp.cuda.Memory(size)
+        counts["allocs"] += 1
+        weakref.finalize(mem, freed)
+        return cp.cuda.MemoryPointer(mem, 0)
+
+    pool = cp.cuda.MemoryPool(counting)
+    live, peak, before_second = {}, 0, None
+    cp.cuda.Device().synchronize()
+    t = time.perf_counter()
+    for i, s in enumerate(steps):
+        if i == second:
+            before_second = counts["allocs"] + counts["frees"]
         if s[0] == "a":
             with streams[s[3]]:
                 live[s[1]] = pool.malloc(s[2])
@@ -192,19 +238,35 @@ def cupy_replay(steps):
         else:
             live.pop(s[1], None)
     live.clear()
+    cp.cuda.Device().synchronize()
+    ms = (time.perf_counter() - t) * 1e3
+    later = None if before_second is None else counts["allocs"] + counts["frees"] - before_second
+    result = {"ratio": peak / in_use, "allocs": counts["allocs"], "frees": counts["frees"], "later": later, "ms": ms}
     pool.free_all_blocks()
-    return peak
+    return result
 
 
-def torch_replay(steps):
+def cupy_replay(steps, second, in_use):
+    streams = [cp.cuda.Stream.null] + [cp.cuda.Stream(non_blocking=True) for _ in range(n_streams(steps) - 1)]
+    return timed_replays(lambda: cupy_replay_once(steps, second, in_use, streams))
+
+
+def raw_calls():
+    stats = torch.cuda.memory_stats()
+    return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
+
+
+def torch_replay_once(steps, second, in_use, streams):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
+    before = torch.cuda.memory_stats()
     base = torch.cuda.memory_reserved()
-    n_streams = 1 + max(s[3] for s in steps if s[0] == "a")
-    streams = [torch.cuda.default_stream()] + [torch.cuda.Stream() for _ in range(n_streams - 1)]
-    live = {}
-    for s in steps:
+    live, before_second = {}, None
+    t = time.perf_counter()
+    for i, s in enumerate(steps):
+        if i == second:
+            before_second = raw_calls()
         if s[0] == "a":
             live[s[1]] = torch.cuda.caching_allocator_alloc(s[2], 0, streams[s[3]])
         else:
@@ -213,25 +275,62 @@ def torch_replay(steps):
                 torch.cuda.caching_allocator_delete(p)
     for p in live.values():
         torch.cuda.caching_allocator_delete(p)
+    torch.cuda.synchronize()
+    ms = (time.perf_counter() - t) * 1e3
+    after = torch.cuda.memory_stats()
     peak = torch.cuda.max_memory_reserved() - base
     torch.cuda.empty_cache()
-    return peak
+    return {
+        "ratio": peak / in_use,
+        "allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
+        "frees": after.get("num_device_free", 0) - before.get("num_device_free", 0),
+        "later": None if before_second is None else raw_calls() - before_second,
+        "ms": ms,
+    }
+
+
+def torch_fragmentation_child(directory, out_path):
+    """Run in a child process, so that PYTORCH_CUDA_ALLOC_CONF (read once, when CUDA starts) can
+    differ from the parent's: replays every trace through PyTorch's allocator as configured."""
+    out = {}
+    for name, (steps, second) in load_traces(directory):
+        in_use = peak_in_use(steps)
+        streams = [torch.cuda.default_stream()] + [torch.cuda.Stream() for _ in range(n_streams(steps) - 1)]
+        r = timed_replays(lambda: torch_replay_once(steps, second, in_use, streams))
+        for field, v in r.items():
+            out[f"{name}_{field}"] = v
+    with open(out_path, "w") as f:
+        json.dump(out, f)
+
+
+def load_traces(directory):
+    for name in TRACES:
+        path = os.path.join(directory, f"{name}.trace")
+        if os.path.exists(path):
+            yield name, read_trace(path)
 
 
 def fragmentation(out, directory):
-    for name in ("random", "training"):
-        path = os.path.join(directory, f"{name}.trace")
-        if not os.path.exists(path):
-            continue
-        steps = read_trace(path)
+    for name, (steps, second) in load_traces(directory):
         in_use = peak_in_use(steps)
-        out[f"cupy_frag_{name}"] = cupy_replay(steps) / in_use
-        out[f"torch_frag_{name}"] = torch_replay(steps) / in_use
+        for field, v in cupy_replay(steps, second, in_use).items():
+            out[f"cupy_frag_{name}_{field}"] = v
+    for variant, conf in (("torch_default", None), ("torch_expandable", "expandable_segments:True")):
+        env = dict(os.environ)
+        env.pop("PYTORCH_CUDA_ALLOC_CONF", None)
+        if conf:
+            env["PYTORCH_CUDA_ALLOC_CONF"] = conf
+        result = os.path.join(directory, f"{variant}.json")
+        subprocess.run([sys.executable, __file__, "--torch-replay", directory, result], env=env, check=True)
+        with open(result) as f:
+            for key, v in json.load(f).items():
+                name, field = key.rsplit("_", 1)
+                out[f"{variant}_frag_{name}_{field}"] = v
 
 
-def main(directory):
+def main(directory, only=None):
     out = {}
-    for part in (torch_cpp, cupy_alloc):
+    for part in () if only == "fragmentation" else (torch_cpp, cupy_alloc):
         try:
             part(out)
         except Exception as e:  # a failed anchor is reported, not fatal: the table shows "-"
@@ -248,4 +347,7 @@ def main(directory):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    if len(sys.argv) == 4 and sys.argv[1] == "--torch-replay":
+        torch_fragmentation_child(sys.argv[2], sys.argv[3])
+    else:
+        main(sys.argv[1], sys.argv[2] if len(sys.argv) > 2 else None)

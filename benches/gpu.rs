@@ -16,9 +16,9 @@
 
 #![allow(missing_docs)]
 
-#[path = "support/trace.rs"]
-mod trace;
-
+use gpumem::core::pool::expandable::{self, ExpandableAllocator};
+use gpumem::core::pool::trace;
+use gpumem::core::{ArenaKey, RawBlock};
 use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::hint::black_box;
@@ -29,8 +29,8 @@ use std::time::Instant;
 
 use gpumem::core::{GraphOps, MemoryOps, StreamOps};
 use gpumem::{
-    hooks, BaseMemory, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy,
-    MemoryPointer, PinnedMemoryPointer, RawAllocator, SingleDeviceMemoryPool, Stream,
+    hooks, DebugPrintHook, DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy, MemoryPointer,
+    PinnedMemoryPointer, RawAllocator, SingleDeviceMemoryPool, Stream,
 };
 
 type Anchors = HashMap<String, f64>;
@@ -597,136 +597,309 @@ fn graphs(report: &mut Report) {
     );
 }
 
-/// A raw allocator that counts the bytes it holds and their peak.
-struct Counting {
-    inner: DeviceAllocator,
+/// A raw allocator that counts the calls it forwards to `inner`, the bytes it holds and their
+/// peak. With an expandable `inner`, each growth counts as a raw allocation and each shrink as a
+/// raw free (as PyTorch counts its expandable segments' maps and unmaps).
+struct Counting<A: RawAllocator> {
+    inner: A,
     held: Arc<AtomicUsize>,
     peak: AtomicUsize,
+    allocs: AtomicUsize,
+    frees: Arc<AtomicUsize>,
 }
 
-#[derive(Debug)]
-struct Counted {
-    mem: gpumem::Memory,
+impl<A: RawAllocator> Counting<A> {
+    fn new(inner: A) -> Self {
+        Counting {
+            inner,
+            held: Arc::new(AtomicUsize::new(0)),
+            peak: AtomicUsize::new(0),
+            allocs: AtomicUsize::new(0),
+            frees: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+
+    fn add(&self, bytes: usize) {
+        let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        self.allocs.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+struct Counted<K: RawBlock> {
+    block: K,
     held: Arc<AtomicUsize>,
+    frees: Arc<AtomicUsize>,
 }
 
-// SAFETY: forwards to a memory object of `B` that this value owns.
-unsafe impl BaseMemory<B> for Counted {
-    fn ptr(&self) -> usize {
-        self.mem.ptr()
-    }
-    fn size(&self) -> usize {
-        self.mem.size()
-    }
-    fn device_id(&self) -> DeviceId {
-        self.mem.device_id()
-    }
-}
-
-impl Drop for Counted {
+impl<K: RawBlock> Drop for Counted<K> {
     fn drop(&mut self) {
-        self.held.fetch_sub(self.mem.size(), Ordering::Relaxed);
+        self.held.fetch_sub(self.block.size(), Ordering::Relaxed);
+        self.frees.fetch_add(1, Ordering::Relaxed);
     }
 }
 
-impl gpumem::RawBlock for Counted {
+impl<K: RawBlock> RawBlock for Counted<K> {
     fn address(&self) -> usize {
-        self.mem.ptr()
+        self.block.address()
     }
     fn size(&self) -> usize {
-        BaseMemory::<B>::size(&self.mem)
+        self.block.size()
     }
     fn device(&self) -> DeviceId {
-        self.mem.device_id()
+        self.block.device()
     }
 }
 
-impl RawAllocator for Counting {
-    type Block = Counted;
+impl<A: RawAllocator> RawAllocator for Counting<A> {
+    type Block = Counted<A::Block>;
 
-    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Counted> {
-        let mem = self.inner.allocate(device, size)?;
-        let now = self.held.fetch_add(size, Ordering::Relaxed) + size;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        Ok(Counted { mem, held: Arc::clone(&self.held) })
+    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Self::Block> {
+        let block = self.inner.allocate(device, size)?;
+        self.add(block.size());
+        Ok(Counted { block, held: Arc::clone(&self.held), frees: Arc::clone(&self.frees) })
+    }
+    fn expandable(&self) -> bool {
+        self.inner.expandable()
+    }
+    fn granule(&self) -> usize {
+        self.inner.granule()
+    }
+    fn grow(&self, block: &mut Self::Block, extra: usize) -> gpumem::Result<bool> {
+        let grown = self.inner.grow(&mut block.block, extra)?;
+        if grown {
+            self.add(extra);
+        }
+        Ok(grown)
+    }
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> gpumem::Result<bool> {
+        let shrunk = self.inner.shrink(&mut block.block, bytes)?;
+        if shrunk {
+            self.held.fetch_sub(bytes, Ordering::Relaxed);
+            self.frees.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(shrunk)
     }
 }
 
-/// Replays a trace through a pool with `policy`; returns peak bytes held over peak bytes in use.
-fn replay(steps: &[trace::Step], policy: GrowthPolicy) -> f64 {
-    let counting = Arc::new(Counting {
-        inner: DeviceAllocator::new(),
-        held: Arc::new(AtomicUsize::new(0)),
-        peak: AtomicUsize::new(0),
-    });
-    let pool = gpumem::core::SingleDeviceMemoryPool::<B, _>::with_allocator(dev(), counting.clone()).unwrap();
-    pool.set_growth_policy(policy);
-    let n_streams = steps
-        .iter()
-        .filter_map(|s| if let trace::Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
-        .max()
-        .unwrap_or(0)
-        + 1;
-    let streams: Vec<Stream> = (0..n_streams)
-        .map(|i| if i == 0 { Stream::null() } else { Stream::non_blocking().unwrap() })
-        .collect();
-    let mut live = HashMap::new();
-    for step in steps {
-        match *step {
-            trace::Step::Alloc { id, size, stream } => {
-                let _g = streams[stream].enter().unwrap();
-                live.insert(id, pool.malloc_pooled(size).unwrap());
+/// What one replay of a trace through a fresh pool measured.
+struct Replayed {
+    ratio: f64,
+    allocs: usize,
+    frees: usize,
+    /// Raw allocations and frees from the start of the second training step on (`None` when the
+    /// trace marks no second step).
+    later: Option<usize>,
+    ms: f64,
+}
+
+/// The raw allocator of a replay.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Raw {
+    /// `cuMemAlloc` per block.
+    Plain,
+    /// Expandable segments on the virtual-memory API.
+    Expandable,
+}
+
+/// Replays a trace through a fresh pool (the pool's own API, each trace stream its own arena)
+/// with `policy`, timed from the first step to a device synchronisation after the last (the pool
+/// is made before and dropped after the clock). Raw frees are those made during the replay.
+fn replay_once(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, raw: Raw) -> Replayed {
+    fn run<A: RawAllocator>(
+        steps: &[trace::Step],
+        second: Option<usize>,
+        policy: GrowthPolicy,
+        counting: Arc<Counting<A>>,
+    ) -> Replayed {
+        let expandable = counting.expandable();
+        let pool = gpumem::core::pool::Pool::new(dev(), Arc::clone(&counting));
+        pool.set_growth_policy(policy);
+        if expandable {
+            pool.set_expandable_segments(true).unwrap();
+        }
+        let cache = gpumem::core::pool::ArenaCache::new();
+        let keys: Vec<ArenaKey> = (0..64).map(ArenaKey::stream).collect();
+        let mut live = HashMap::with_capacity(steps.len());
+        let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
+        let mut before_second = 0;
+        let t = Instant::now();
+        for (i, step) in steps.iter().enumerate() {
+            if Some(i) == second {
+                before_second = calls();
             }
-            trace::Step::Free { id } => drop(live.remove(&id)),
+            match *step {
+                trace::Step::Alloc { id, size, stream } => {
+                    live.insert(id, pool.malloc(size, keys[stream], &cache).unwrap());
+                }
+                trace::Step::Free { id } => drop(live.remove(&id)),
+            }
+        }
+        drop(live);
+        gpumem::Device::current().synchronize().unwrap();
+        let ms = t.elapsed().as_secs_f64() * 1e3;
+        let later = second.map(|_| calls() - before_second);
+        let (allocs, frees) =
+            (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
+        let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
+        drop(pool);
+        Replayed { ratio, allocs, frees, later, ms }
+    }
+    match raw {
+        Raw::Plain => run(steps, second, policy, Arc::new(Counting::new(DeviceAllocator::new()))),
+        Raw::Expandable => {
+            // A quarter of the device per block at most: the host backend's reserved ranges are
+            // host address space, which the operating system may refuse in one piece.
+            let total = gpumem::Device::current().properties().unwrap().total_memory;
+            let inner =
+                ExpandableAllocator::<B>::new(dev(), expandable::DEFAULT_RESERVE.min(total / 4)).unwrap();
+            run(steps, second, policy, Arc::new(Counting::new(inner)))
         }
     }
-    drop(live);
-    counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64
 }
 
-fn fragmentation(report: &mut Report, dir: Option<&str>) {
-    eprintln!("fragmentation: peak bytes held / peak bytes in use");
-    let mut traces = vec![("random", trace::standard_random())];
-    if let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/training.trace")).ok()) {
+/// One warm-up replay, then `REPLAYS` timed ones: the median time; the counts and the ratio of
+/// the first timed one (every replay starts from an empty pool, so they are the same each time).
+fn replay(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, raw: Raw) -> Replayed {
+    const REPLAYS: usize = 5;
+    replay_once(steps, second, policy, raw);
+    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, raw)).collect();
+    let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
+    let first = &runs[0];
+    Replayed { ratio: first.ratio, allocs: first.allocs, frees: first.frees, later: first.later, ms }
+}
+
+/// The traces the fragmentation rows replay: the random one, and those `bench/run-gpu.sh`
+/// recorded (`training.trace`: GPT-2, `bert.trace`: BERT fine-tuning) when present.
+/// Each with the index where its second training step begins, if it marks one.
+fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Option<usize>)> {
+    let mut traces = vec![("random", trace::standard_random(), None)];
+    for name in ["training", "bert"] {
+        let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/{name}.trace")).ok()) else {
+            continue;
+        };
         match trace::parse(&text) {
-            Ok(steps) => traces.push(("training", steps)),
-            Err(e) => eprintln!("  training trace unreadable: {e}"),
+            Ok(steps) => traces.push((name, steps, trace::step_marks(&text).get(1).copied())),
+            Err(e) => eprintln!("  {name} trace unreadable: {e}"),
         }
     }
-    for (name, steps) in &traces {
-        let cupy_rules = replay(steps, GrowthPolicy::CacheUntilOutOfMemory);
-        let best = replay(steps, GrowthPolicy::HoldPeakInUse);
-        let what = |p: &str| format!("{name} trace ({} steps), {p}", steps.len());
-        report.add(
-            "fragmentation",
-            what("CuPy's rules"),
-            cupy_rules,
-            "CuPy MemoryPool",
-            report.external(&format!("cupy_frag_{name}")),
-            "ratio",
-            true,
-        );
-        report.add(
-            "fragmentation",
-            what("CuPy's rules"),
-            cupy_rules,
-            "PyTorch caching allocator",
-            report.external(&format!("torch_frag_{name}")),
-            "ratio",
-            true,
-        );
-        let target = if *name == "random" { 1.05 } else { 1.03 };
-        report.add("fragmentation", what("HoldPeakInUse"), best, "target", Some(target), "ratio", true);
-        report.add(
-            "fragmentation",
-            what("HoldPeakInUse"),
-            best,
-            "PyTorch caching allocator",
-            report.external(&format!("torch_frag_{name}")),
-            "ratio",
-            true,
-        );
+    traces
+}
+
+const POLICIES: [(&str, GrowthPolicy, Raw); 5] = [
+    ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory, Raw::Plain),
+    ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse, Raw::Plain),
+    ("gpumem, Segments", GrowthPolicy::Segments, Raw::Plain),
+    ("gpumem, CuPy's rules, expandable segments", GrowthPolicy::CacheUntilOutOfMemory, Raw::Expandable),
+    ("gpumem, Segments, expandable segments", GrowthPolicy::Segments, Raw::Expandable),
+];
+
+/// The anchors' rows: (label, key prefix in anchors.txt).
+const FRAG_ANCHORS: [(&str, &str); 3] = [
+    ("PyTorch caching allocator, default", "torch_default"),
+    ("PyTorch, expandable_segments:True", "torch_expandable"),
+    ("CuPy MemoryPool", "cupy"),
+];
+
+/// The fragmentation table: every allocator on every trace, with what its ratio cost. Also adds
+/// the Segments policy's rows against the targets and PyTorch's default to the report.
+fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
+    eprintln!("fragmentation: peak held / peak in use, raw calls, replay time (median of 5 after a warm-up)");
+    let mut table = String::new();
+    writeln!(
+        table,
+        "| trace | allocator | held / in use | raw allocations | raw frees | raw calls from step 2 on | replay |"
+    )
+    .unwrap();
+    writeln!(table, "| --- | --- | --- | --- | --- | --- | --- |").unwrap();
+    for (name, steps, second) in traces(dir) {
+        let label = format!("{name} ({} steps)", steps.len());
+        let mut ours = Vec::new();
+        for (what, policy, raw) in POLICIES {
+            if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
+                continue;
+            }
+            let r = replay(&steps, second, policy, raw);
+            let later = r.later.map_or("-".into(), |n| n.to_string());
+            eprintln!(
+                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms",
+                r.ratio, r.allocs, r.frees, r.ms
+            );
+            writeln!(
+                table,
+                "| {label} | {what} | {:.3} | {} | {} | {later} | {:.1} ms |",
+                r.ratio, r.allocs, r.frees, r.ms
+            )
+            .unwrap();
+            ours.push((policy, raw, r));
+        }
+        for (what, key) in FRAG_ANCHORS {
+            let get = |field: &str| report.external(&format!("{key}_frag_{name}_{field}"));
+            let Some(ratio) = get("ratio") else {
+                writeln!(table, "| {label} | {what} | - | - | - | - | - |").unwrap();
+                continue;
+            };
+            let count = |field: &str| get(field).map_or("-".into(), |v| format!("{v:.0}"));
+            let ms = get("ms").map_or("-".into(), |v| format!("{v:.1} ms"));
+            writeln!(
+                table,
+                "| {label} | {what} | {ratio:.3} | {} | {} | {} | {ms} |",
+                count("allocs"),
+                count("frees"),
+                count("later")
+            )
+            .unwrap();
+        }
+        let target = if name == "random" { 1.05 } else { 1.03 };
+        let anchors = report.anchors.clone();
+        let torch = |field: &str| anchors.get(&format!("torch_default_frag_{name}_{field}")).copied();
+        for (policy_name, raw) in
+            [("Segments", Raw::Plain), ("Segments + expandable segments", Raw::Expandable)]
+        {
+            let Some((_, _, seg)) = ours.iter().find(|(p, r, _)| *p == GrowthPolicy::Segments && *r == raw)
+            else {
+                continue;
+            };
+            let what = |m: &str| format!("{label}, {policy_name}, {m}");
+            report.add(
+                "fragmentation",
+                what("held / in use"),
+                seg.ratio,
+                "target",
+                Some(target),
+                "ratio",
+                true,
+            );
+            report.add(
+                "fragmentation",
+                what("held / in use"),
+                seg.ratio,
+                "PyTorch caching allocator",
+                torch("ratio"),
+                "ratio",
+                true,
+            );
+            report.add(
+                "fragmentation",
+                what("raw allocations"),
+                seg.allocs as f64,
+                "PyTorch caching allocator",
+                torch("allocs"),
+                "calls",
+                true,
+            );
+            report.add(
+                "fragmentation",
+                what("replay"),
+                seg.ms,
+                "PyTorch caching allocator",
+                torch("ms"),
+                "ms",
+                true,
+            );
+        }
     }
+    table
 }
 
 fn read_anchors(dir: Option<&str>) -> Anchors {
@@ -746,6 +919,27 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--write-trace") {
         let path = args.get(i + 1).expect("--write-trace PATH");
         std::fs::write(path, trace::render(&trace::standard_random())).expect("write the trace");
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--replay-host") {
+        // The fragmentation figures on the pool alone (no device), for any trace file: ratio and
+        // raw calls depend only on the pool's rules and the trace.
+        let path = args.get(i + 1).expect("--replay-host PATH");
+        let text = std::fs::read_to_string(path).expect("read the trace");
+        let steps = trace::parse(&text).expect("a trace");
+        for (what, policy, raw) in POLICIES {
+            let r = match raw {
+                Raw::Plain => trace::replay(&steps, policy),
+                Raw::Expandable => trace::replay_expandable(&steps, policy),
+            }
+            .expect("replay");
+            println!(
+                "{what:<24} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}",
+                r.ratio(),
+                r.raw_allocs,
+                r.raw_frees
+            );
+        }
         return;
     }
     let dir = std::env::var("GPUMEM_BENCH_DIR").ok();
@@ -770,10 +964,12 @@ fn main() {
     if run("graphs") {
         graphs(&mut report);
     }
-    if run("fragmentation") {
-        fragmentation(&mut report, dir.as_deref());
+    let frag = if run("fragmentation") { fragmentation(&mut report, dir.as_deref()) } else { String::new() };
+    let mut table = report.markdown();
+    if !frag.is_empty() {
+        table.push('\n');
+        table.push_str(&frag);
     }
-    let table = report.markdown();
     println!("\n{table}");
     if let Some(d) = &dir {
         let mut f = std::fs::File::create(format!("{d}/table.md")).expect("write the table");

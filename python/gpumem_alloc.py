@@ -23,7 +23,7 @@ __all__ = [
     "debug_print_hook_begin", "debug_print_hook_end", "GpumemError",
 ]
 
-GROWTH_POLICIES = ("cache_until_out_of_memory", "release_before_grow", "hold_peak_in_use")
+GROWTH_POLICIES = ("cache_until_out_of_memory", "release_before_grow", "hold_peak_in_use", "segments")
 
 
 class GpumemStats(ctypes.Structure):

@@ -49,8 +49,8 @@ use std::ffi::c_void;
 use gpumem_core::host::Host;
 use gpumem_core::{
     Api, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps, DeviceProperties, DevicePtr, Error,
-    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, Result, Runtime, StreamCallback, StreamFlags,
-    StreamOps,
+    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle, Result, Runtime,
+    StreamCallback, StreamFlags, StreamOps, VirtualMemoryOps,
 };
 
 pub use choice::{chosen, Choice, BACKEND_ENV};
@@ -137,6 +137,40 @@ macro_rules! on_chosen_or {
             Err(_) => $fallback,
         }
     };
+}
+
+/// Virtual memory on the chosen backend. Addresses and physical handles are plain integers, so
+/// they pass through unchanged; a backend without the API answers `Unsupported`.
+impl VirtualMemoryOps for Auto {
+    fn vm_granularity(dev: DeviceId) -> Result<usize> {
+        on_chosen!(B => B::vm_granularity(dev))
+    }
+    fn vm_reserve(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+        on_chosen!(B => B::vm_reserve(dev, size))
+    }
+    unsafe fn vm_free_range(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
+        // SAFETY: forwarded to the caller; the range came from the same chosen backend.
+        on_chosen!(B => unsafe { B::vm_free_range(dev, ptr, size) })
+    }
+    fn vm_create(dev: DeviceId, size: usize) -> Result<PhysicalHandle> {
+        on_chosen!(B => B::vm_create(dev, size))
+    }
+    unsafe fn vm_release(dev: DeviceId, handle: PhysicalHandle) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        on_chosen!(B => unsafe { B::vm_release(dev, handle) })
+    }
+    unsafe fn vm_map(dev: DeviceId, ptr: DevicePtr, size: usize, handle: PhysicalHandle) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        on_chosen!(B => unsafe { B::vm_map(dev, ptr, size, handle) })
+    }
+    unsafe fn vm_set_access(dev: DeviceId, ptr: DevicePtr, size: usize, devices: &[DeviceId]) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        on_chosen!(B => unsafe { B::vm_set_access(dev, ptr, size, devices) })
+    }
+    unsafe fn vm_unmap(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
+        // SAFETY: forwarded to the caller.
+        on_chosen!(B => unsafe { B::vm_unmap(dev, ptr, size) })
+    }
 }
 
 impl DeviceOps for Auto {

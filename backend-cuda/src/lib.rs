@@ -84,6 +84,7 @@ mod memory;
 mod result;
 mod stream;
 pub mod sys;
+mod vmm;
 
 use gpumem_core::{Api, Caps, Runtime};
 
@@ -115,7 +116,7 @@ impl Api for Cuda {
         capture: true,
         stream_ordered_allocation: true,
         host_functions: true,
-        virtual_memory: false,
+        virtual_memory: true,
         peer_access: true,
     };
     type Stream = CudaStream;

@@ -214,6 +214,7 @@ mod tests {
             include_str!("stream.rs"),
             include_str!("event.rs"),
             include_str!("graph.rs"),
+            include_str!("vmm.rs"),
         ];
         let mut seen = 0;
         let mut called = std::collections::BTreeSet::new();

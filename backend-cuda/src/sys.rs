@@ -92,6 +92,55 @@ pub(crate) const CU_STREAM_CAPTURE_MODE_THREAD_LOCAL: c_int = 1;
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 pub(crate) const CU_STREAM_CAPTURE_MODE_RELAXED: c_int = 2;
 
+/// `CU_MEM_LOCATION_TYPE_DEVICE`.
+pub(crate) const CU_MEM_LOCATION_TYPE_DEVICE: c_int = 1;
+/// `CU_MEM_ALLOCATION_TYPE_PINNED`.
+pub(crate) const CU_MEM_ALLOCATION_TYPE_PINNED: c_int = 1;
+/// `CU_MEM_HANDLE_TYPE_NONE`.
+pub(crate) const CU_MEM_HANDLE_TYPE_NONE: c_int = 0;
+/// `CU_MEM_ACCESS_FLAGS_PROT_READWRITE`.
+pub(crate) const CU_MEM_ACCESS_FLAGS_PROT_READWRITE: c_int = 3;
+/// `CU_MEM_ALLOC_GRANULARITY_RECOMMENDED`.
+pub(crate) const CU_MEM_ALLOC_GRANULARITY_RECOMMENDED: c_int = 1;
+
+/// `CUmemGenericAllocationHandle`.
+pub type CUmemGenericAllocationHandle = c_ulonglong;
+
+/// `CUmemLocation` (12.x layout: the location type and an ordinal).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CUmemLocation {
+    pub(crate) type_: c_int,
+    pub(crate) id: c_int,
+}
+
+/// `CUmemAllocationProp`'s `allocFlags`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub(crate) struct CUmemAllocFlags {
+    pub(crate) compressionType: u8,
+    pub(crate) gpuDirectRDMACapable: u8,
+    pub(crate) usage: u16,
+    pub(crate) reserved: [u8; 4],
+}
+
+/// `CUmemAllocationProp`.
+#[repr(C)]
+pub(crate) struct CUmemAllocationProp {
+    pub(crate) type_: c_int,
+    pub(crate) requestedHandleTypes: c_int,
+    pub(crate) location: CUmemLocation,
+    pub(crate) win32HandleMetaData: *mut c_void,
+    pub(crate) allocFlags: CUmemAllocFlags,
+}
+
+/// `CUmemAccessDesc`.
+#[repr(C)]
+pub(crate) struct CUmemAccessDesc {
+    pub(crate) location: CUmemLocation,
+    pub(crate) flags: c_int,
+}
+
 /// `CUDA_ERROR_NOT_INITIALIZED`: what a call answers before the table is loaded.
 const NOT_INITIALIZED: CUresult = 3;
 
@@ -180,6 +229,15 @@ driver_api! {
     fn cuMemcpyAsync(dst: CUdeviceptr, src: CUdeviceptr, size: usize, stream: CUstream);
     fn cuMemsetD8_v2(dst: CUdeviceptr, value: u8, n: usize);
     fn cuMemsetD8Async(dst: CUdeviceptr, value: u8, n: usize, stream: CUstream);
+    // virtual memory
+    fn cuMemGetAllocationGranularity(granularity: *mut usize, prop: *const CUmemAllocationProp, option: c_int);
+    fn cuMemAddressReserve(ptr: *mut CUdeviceptr, size: usize, alignment: usize, addr: CUdeviceptr, flags: c_ulonglong);
+    fn cuMemAddressFree(ptr: CUdeviceptr, size: usize);
+    fn cuMemCreate(handle: *mut CUmemGenericAllocationHandle, size: usize, prop: *const CUmemAllocationProp, flags: c_ulonglong);
+    fn cuMemRelease(handle: CUmemGenericAllocationHandle);
+    fn cuMemMap(ptr: CUdeviceptr, size: usize, offset: usize, handle: CUmemGenericAllocationHandle, flags: c_ulonglong);
+    fn cuMemSetAccess(ptr: CUdeviceptr, size: usize, desc: *const CUmemAccessDesc, count: usize);
+    fn cuMemUnmap(ptr: CUdeviceptr, size: usize);
     // streams, capture and graphs
     fn cuStreamCreateWithPriority(stream: *mut CUstream, flags: c_uint, priority: c_int);
     fn cuStreamDestroy_v2(stream: CUstream);

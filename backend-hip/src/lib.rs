@@ -196,3 +196,10 @@ impl Api for Hip {
 impl Runtime for Hip {
     gpumem_core::runtime_statics!(Hip);
 }
+
+/// Virtual memory is not implemented on HIP: every operation answers `Unsupported` and
+/// `CAPS.virtual_memory` is false. (HIP 5.2's runtime, `libamdhip64.so.5.2`, does export
+/// `hipMemAddressReserve`, `hipMemAddressFree`, `hipMemCreate`, `hipMemRelease`, `hipMemMap`,
+/// `hipMemSetAccess`, `hipMemUnmap` and `hipMemGetAllocationGranularity`; they are not declared
+/// here yet, and they have never run on AMD hardware.)
+impl gpumem_core::VirtualMemoryOps for Hip {}

@@ -73,7 +73,7 @@ const char *gpumem_version(void);
 int gpumem_set_limit(int device, size_t bytes);
 int gpumem_set_limit_fraction(int device, double fraction);
 int gpumem_get_limit(int device, size_t *bytes);
-/* "cache_until_out_of_memory" (default), "release_before_grow" or "hold_peak_in_use". */
+/* "cache_until_out_of_memory" (default), "release_before_grow", "hold_peak_in_use" or "segments". */
 int gpumem_set_growth_policy(int device, const char *name);
 const char *gpumem_get_growth_policy(int device);
 

@@ -257,16 +257,18 @@ pub unsafe extern "C" fn gpumem_get_limit(device: c_int, bytes: *mut usize) -> c
 }
 
 /// The growth policies by their C names.
-const POLICIES: [(&CStr, GrowthPolicy); 3] = [
+const POLICIES: [(&CStr, GrowthPolicy); 4] = [
     (c"cache_until_out_of_memory", GrowthPolicy::CacheUntilOutOfMemory),
     (c"release_before_grow", GrowthPolicy::ReleaseBeforeGrow),
     (c"hold_peak_in_use", GrowthPolicy::HoldPeakInUse),
+    (c"segments", GrowthPolicy::Segments),
 ];
 
 /// Sets how `device`'s pool grows, by name: `"cache_until_out_of_memory"` (CuPy's rule, the
 /// default: cached blocks stay until an allocation fails), `"release_before_grow"` (release
-/// cached whole blocks before each new one) or `"hold_peak_in_use"` (hold little more than the
-/// most memory in use at once).
+/// cached whole blocks before each new one), `"hold_peak_in_use"` (hold little more than the
+/// most memory in use at once, at the price of raw calls on misses) or `"segments"` (size-classed
+/// blocks that settle: see `GrowthPolicy::Segments`).
 ///
 /// Returns 0, or -1 with [`gpumem_last_error`] set (unknown name or device). Thread-safe.
 ///

@@ -394,7 +394,7 @@ fn limit_policy_and_cache_control() {
         unsafe { CStr::from_ptr(p) }.to_str().expect("utf-8").to_owned()
     };
     assert_eq!(name(d), "cache_until_out_of_memory");
-    for policy in ["hold_peak_in_use", "release_before_grow", "cache_until_out_of_memory"] {
+    for policy in ["hold_peak_in_use", "segments", "release_before_grow", "cache_until_out_of_memory"] {
         let c = CString::new(policy).expect("no NUL");
         // SAFETY: a NUL-terminated string.
         assert_eq!(unsafe { gpumem_set_growth_policy(d, c.as_ptr()) }, 0);
@@ -406,7 +406,7 @@ fn limit_policy_and_cache_control() {
         last_error().as_deref(),
         Some(
             "gpumem_set_growth_policy: unknown growth policy \"largest_first\"; known: cache_until_out_of_memory, \
-             release_before_grow, hold_peak_in_use"
+             release_before_grow, hold_peak_in_use, segments"
         )
     );
     // SAFETY: null is refused.

@@ -26,6 +26,7 @@ mod pinned;
 mod pool;
 mod safety;
 mod streams;
+mod vmm;
 
 use gpumem_core::{MemoryPointer, Runtime};
 
@@ -97,6 +98,7 @@ macro_rules! suite {
         $crate::__pool_tests!($flavor);
         $crate::__safety_tests!($flavor);
         $crate::__streams_tests!($flavor);
+        $crate::__vmm_tests!($flavor);
     };
 }
 

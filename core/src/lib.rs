@@ -64,7 +64,8 @@ pub mod host;
 pub use error::{Error, HookError, Result};
 pub use hal::{
     Api, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps, DeviceProperties, DevicePtr,
-    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, StreamCallback, StreamFlags, StreamOps,
+    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle, StreamCallback, StreamFlags,
+    StreamOps, VirtualMemoryOps,
 };
 pub use hooks::{AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use pool::{

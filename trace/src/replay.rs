@@ -20,8 +20,12 @@ use crate::error::{Error, Result};
 pub const EXPANDABLE_SEGMENTS: bool = false;
 
 /// Every growth policy of the pool, in declaration order.
-pub const POLICIES: [GrowthPolicy; 3] =
-    [GrowthPolicy::CacheUntilOutOfMemory, GrowthPolicy::ReleaseBeforeGrow, GrowthPolicy::HoldPeakInUse];
+pub const POLICIES: [GrowthPolicy; 4] = [
+    GrowthPolicy::CacheUntilOutOfMemory,
+    GrowthPolicy::ReleaseBeforeGrow,
+    GrowthPolicy::HoldPeakInUse,
+    GrowthPolicy::Segments,
+];
 
 /// A policy's command-line name.
 #[must_use]
@@ -31,6 +35,7 @@ pub fn policy_name(policy: GrowthPolicy) -> &'static str {
         GrowthPolicy::CacheUntilOutOfMemory => "cache-until-out-of-memory",
         GrowthPolicy::ReleaseBeforeGrow => "release-before-grow",
         GrowthPolicy::HoldPeakInUse => "hold-peak-in-use",
+        GrowthPolicy::Segments => "segments",
     }
 }
 

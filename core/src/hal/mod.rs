@@ -4,7 +4,7 @@
 //! raw handle types) and one trait per concern: [`DeviceOps`], [`MemoryOps`], [`StreamOps`],
 //! [`EventOps`] and [`GraphOps`]. Each backend implements each trait in the file of that concern
 //! (`device.rs`, `memory.rs`, ...), so there is no table forwarding the contract to modules.
-//! [`Backend`] names all six together. Its associated functions are the runtime's raw operations,
+//! [`Backend`] names all seven together. Its associated functions are the runtime's raw operations,
 //! one per driver call (or per small group of calls). Everything is static dispatch: the typed layer
 //! (`Stream<B>`, `MemoryPointer<B>`) is generic over `B: Runtime` (a `Backend` with the typed
 //! layer's per-backend state) and is monomorphised
@@ -64,6 +64,7 @@ mod graph;
 mod memory;
 mod stream;
 pub mod types;
+mod vmm;
 
 use std::fmt::Debug;
 use std::hash::Hash;
@@ -77,6 +78,7 @@ pub use types::{
     Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
     StreamCallback, StreamFlags,
 };
+pub use vmm::{PhysicalHandle, VirtualMemoryOps};
 
 /// A backend's identity: its name, what it can do, and its raw handle types.
 pub trait Api: Sized + Send + Sync + Debug + 'static {
@@ -96,6 +98,6 @@ pub trait Api: Sized + Send + Sync + Debug + 'static {
 
 /// A whole backend: [`Api`] and every operation trait. Implemented for every type that
 /// implements them all; see the [module docs](self) for the contract.
-pub trait Backend: Api + DeviceOps + MemoryOps + StreamOps + EventOps + GraphOps {}
+pub trait Backend: Api + DeviceOps + MemoryOps + StreamOps + EventOps + GraphOps + VirtualMemoryOps {}
 
-impl<T: Api + DeviceOps + MemoryOps + StreamOps + EventOps + GraphOps> Backend for T {}
+impl<T: Api + DeviceOps + MemoryOps + StreamOps + EventOps + GraphOps + VirtualMemoryOps> Backend for T {}

@@ -23,7 +23,14 @@ mod graph;
 mod memory;
 mod result;
 mod stream;
+mod vmm;
 mod worker;
+
+/// Physical bytes of simulated virtual memory alive on device `dev` (for the pool's tests).
+#[cfg(test)]
+pub(crate) fn vmm_physical_bytes(dev: crate::hal::DeviceId) -> usize {
+    vmm::physical_bytes(dev)
+}
 
 use std::sync::Arc;
 
@@ -117,7 +124,7 @@ impl Api for Host {
         capture: true,
         stream_ordered_allocation: true,
         host_functions: true,
-        virtual_memory: false,
+        virtual_memory: true,
         peer_access: true,
     };
     type Stream = HostStream;

@@ -10,6 +10,7 @@ use crate::hal::types::DevicePtr;
 use super::raw::RawBlock;
 
 use super::index::{bin_for, FreeIndex, NIL};
+use super::policy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum State {
@@ -29,6 +30,8 @@ struct Chunk {
     state: State,
     /// The free-index bin of `size` (kept with it, so a chunk going back does not recompute it).
     bin: u32,
+    /// Which free index the chunk's block belongs to (see `policy::class`).
+    class: u8,
 }
 
 /// The chunks of one arena. See the module docs.
@@ -37,7 +40,12 @@ pub(crate) struct ArenaState<K> {
     vacant: Vec<u32>,
     blocks: Vec<Option<K>>,
     vacant_blocks: Vec<u32>,
+    /// The free chunks: one index, or with `segmented` one for the blocks of small requests and
+    /// one for the rest.
     index: FreeIndex,
+    /// With `segmented`, the blocks of large requests (boxed: the hot path touches `index` only,
+    /// and the arena's hot fields stay as close together as without it).
+    large: Box<FreeIndex>,
     /// No longer in the pool's map: allocations must go to the arena that replaced it.
     pub(crate) retired: bool,
     /// The pool is gone: chunks that come back release their raw blocks as soon as whole, and
@@ -46,6 +54,10 @@ pub(crate) struct ArenaState<K> {
     /// Lend a free chunk only if it exceeds the request by at most an eighth (`HoldPeakInUse`):
     /// large free chunks are not cut up for small requests.
     pub(crate) bounded_split: bool,
+    /// Small and large requests are served from separate blocks (`GrowthPolicy::Segments`).
+    pub(crate) segmented: bool,
+    /// The block that grows on a miss, with an expandable raw allocator: the newest one.
+    growable: Option<u32>,
     /// Bytes lent out. (Free bytes and free chunks are not counted on the hot path: the pool's
     /// free bytes are its total less its used bytes, and `n_free` counts when asked.)
     pub(crate) used_bytes: usize,
@@ -68,9 +80,12 @@ impl<K: RawBlock> ArenaState<K> {
             blocks: Vec::new(),
             vacant_blocks: Vec::new(),
             index: FreeIndex::new(),
+            large: Box::new(FreeIndex::new()),
             retired: false,
             orphaned: false,
             bounded_split: false,
+            segmented: false,
+            growable: None,
             used_bytes: 0,
             n_lent: 0,
         }
@@ -93,6 +108,7 @@ impl<K: RawBlock> ArenaState<K> {
         }
         self.chunks.push(chunk);
         self.index.grow_slots(self.chunks.len());
+        self.large.grow_slots(self.chunks.len());
         u32::try_from(self.chunks.len() - 1).expect("fewer than 2^32 chunks in one arena")
     }
 
@@ -101,17 +117,29 @@ impl<K: RawBlock> ArenaState<K> {
         self.vacant.push(slot);
     }
 
+    /// Free index `class` (0: `index`, 1: `large`).
+    #[inline(always)]
+    fn index_of(&mut self, class: usize) -> &mut FreeIndex {
+        if class == 0 {
+            &mut self.index
+        } else {
+            &mut self.large
+        }
+    }
+
     #[inline(always)]
     fn mark_free(&mut self, slot: u32) {
         let c = &mut self.chunks[slot as usize];
         c.state = State::Free;
-        let (size, bin) = (c.size, c.bin);
-        self.index.insert(slot, size, bin);
+        let (size, bin, class) = (c.size, c.bin, c.class);
+        self.index_of(usize::from(class)).insert(slot, size, bin);
     }
 
     #[inline]
     fn unmark_free(&mut self, slot: u32) {
-        self.index.remove(slot, self.chunks[slot as usize].bin);
+        let c = &self.chunks[slot as usize];
+        let (class, bin) = (usize::from(c.class), c.bin);
+        self.index_of(class).remove(slot, bin);
     }
 
     /// Sets a chunk's size, and so its bin.
@@ -130,7 +158,7 @@ impl<K: RawBlock> ArenaState<K> {
     #[inline(always)]
     pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
         let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
-        let (slot, found) = self.index.take_best(size, max)?;
+        let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
         self.n_lent += 1;
         self.used_bytes += size;
         if found > size {
@@ -153,6 +181,7 @@ impl<K: RawBlock> ArenaState<K> {
             next: head.next,
             state: State::Free,
             bin: bin_for(found - size),
+            class: head.class,
         });
         if head.next != NIL {
             self.chunks[head.next as usize].prev = rest;
@@ -162,9 +191,11 @@ impl<K: RawBlock> ArenaState<K> {
         self.mark_free(rest);
     }
 
-    /// Adds a new raw block of `size` bytes and lends all of it.
-    pub(crate) fn lend_new_block(&mut self, mem: K, size: usize) -> Lent {
+    /// Adds a new raw block, of which the pool asked for (and counts) `whole` bytes, and lends its
+    /// first `size` bytes; the rest stays free.
+    pub(crate) fn lend_new_block(&mut self, mem: K, whole: usize, size: usize) -> Lent {
         let ptr = mem.address();
+        debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
         let block = match self.vacant_blocks.pop() {
             Some(b) => {
                 self.blocks[b as usize] = Some(mem);
@@ -175,15 +206,22 @@ impl<K: RawBlock> ArenaState<K> {
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks in one arena")
             }
         };
+        // A block larger than the request (a policy's rounding) is cut as a cache hit would cut it.
+        let class = policy::class(size, self.segmented) as u8;
         let slot = self.new_slot(Chunk {
             ptr,
-            size,
+            size: whole,
             block,
             prev: NIL,
             next: NIL,
             state: State::Lent,
-            bin: bin_for(size),
+            bin: bin_for(whole),
+            class,
         });
+        if whole > size {
+            self.split(slot, size, whole);
+        }
+        self.growable = Some(block);
         self.used_bytes += size;
         self.n_lent += 1;
         Lent { slot, ptr }
@@ -255,6 +293,9 @@ impl<K: RawBlock> ArenaState<K> {
         let chunk = self.chunks[slot as usize];
         self.vacate(slot);
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
+        if self.growable == Some(chunk.block) {
+            self.growable = None;
+        }
         self.vacant_blocks.push(chunk.block);
         (mem, chunk.size)
     }
@@ -285,6 +326,112 @@ impl<K: RawBlock> ArenaState<K> {
             })
             .map(|slot| (slot, self.chunks[slot as usize].size))
             .collect()
+    }
+
+    /// Releases every free chunk of free-index `class` that is a whole raw block, into `out`;
+    /// returns the bytes released.
+    pub(crate) fn release_free_blocks_of(&mut self, class: usize, out: &mut Vec<K>) -> usize {
+        let mut bytes = 0;
+        for slot in 0..self.chunks.len() as u32 {
+            let c = self.chunks[slot as usize];
+            if c.state == State::Free && c.prev == NIL && c.next == NIL && usize::from(c.class) == class {
+                self.unmark_free(slot);
+                let (mem, size) = self.release(slot);
+                out.push(mem);
+                bytes += size;
+            }
+        }
+        bytes
+    }
+
+    /// The last chunk of block `block`.
+    fn last_chunk(&self, block: u32) -> Option<u32> {
+        (0..self.chunks.len() as u32).find(|&s| {
+            let c = &self.chunks[s as usize];
+            c.state != State::Vacant && c.block == block && c.next == NIL
+        })
+    }
+
+    /// The free bytes at the end of the growable block, if it can serve a request of `size`
+    /// bytes (its free index is the request's); `None` when there is no such block.
+    pub(crate) fn growable_tail(&self, size: usize) -> Option<usize> {
+        let last = self.last_chunk(self.growable?)?;
+        let c = &self.chunks[last as usize];
+        if usize::from(c.class) != policy::class(size, self.segmented) {
+            return None;
+        }
+        Some(if c.state == State::Free { c.size } else { 0 })
+    }
+
+    /// Grows the growable block by `extra` bytes through `grow` (the raw allocator's), and adds
+    /// them to its free tail. Returns whether it grew.
+    pub(crate) fn grow_tail(
+        &mut self,
+        extra: usize,
+        grow: impl FnOnce(&mut K) -> crate::error::Result<bool>,
+    ) -> crate::error::Result<bool> {
+        let Some(block) = self.growable else { return Ok(false) };
+        let Some(last) = self.last_chunk(block) else { return Ok(false) };
+        let Some(mem) = self.blocks[block as usize].as_mut() else { return Ok(false) };
+        if !grow(mem)? {
+            return Ok(false);
+        }
+        let c = self.chunks[last as usize];
+        if c.state == State::Free {
+            self.unmark_free(last);
+            self.resize(last, c.size + extra);
+            self.mark_free(last);
+        } else {
+            let tail = self.new_slot(Chunk {
+                ptr: c.ptr + c.size,
+                size: extra,
+                block,
+                prev: last,
+                next: NIL,
+                state: State::Free,
+                bin: bin_for(extra),
+                class: c.class,
+            });
+            self.chunks[last as usize].next = tail;
+            self.mark_free(tail);
+        }
+        Ok(true)
+    }
+
+    /// Gives back the whole granules of every block's free tail through `shrink` (the raw
+    /// allocator's); a block that is all free is left to `release_free_blocks`. Returns the
+    /// bytes given back.
+    pub(crate) fn shrink_tails(
+        &mut self,
+        granule: usize,
+        mut shrink: impl FnMut(&mut K, usize) -> bool,
+    ) -> usize {
+        let mut bytes = 0;
+        for slot in 0..self.chunks.len() as u32 {
+            let c = self.chunks[slot as usize];
+            if c.state != State::Free || c.next != NIL || c.prev == NIL {
+                continue;
+            }
+            let Some(mem) = self.blocks[c.block as usize].as_mut() else { continue };
+            let base = mem.address();
+            let end = c.ptr + c.size;
+            let keep = (c.ptr - base).next_multiple_of(granule);
+            let cut = (end - base).saturating_sub(keep);
+            if cut == 0 || !shrink(mem, cut) {
+                continue;
+            }
+            self.unmark_free(slot);
+            if cut == c.size {
+                let prev = c.prev;
+                self.chunks[prev as usize].next = NIL;
+                self.vacate(slot);
+            } else {
+                self.resize(slot, c.size - cut);
+                self.mark_free(slot);
+            }
+            bytes += cut;
+        }
+        bytes
     }
 
     /// Releases one free chunk that is a whole raw block, if it still is one.

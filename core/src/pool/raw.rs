@@ -35,6 +35,41 @@ pub trait RawAllocator: Send + Sync + 'static {
     /// An out-of-memory error ([`Error::is_out_of_memory`]) makes the pool release its cache and
     /// retry; any other error goes to the caller as is.
     fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block>;
+
+    /// Whether blocks can grow and shrink in place at their end (expandable segments). When
+    /// true, a miss first tries to grow the arena's newest block with [`Self::grow`], and
+    /// `free_all_blocks` gives back the free tails of blocks with [`Self::shrink`].
+    fn expandable(&self) -> bool {
+        false
+    }
+
+    /// The step, in bytes, in which [`Self::grow`] and [`Self::shrink`] work (a power of two).
+    fn granule(&self) -> usize {
+        1
+    }
+
+    /// Makes `block` `extra` bytes (a multiple of [`Self::granule`]) longer at its end, in
+    /// place: its address stays, its size grows. `Ok(false)` when it cannot (its reserved range
+    /// is full); the pool then allocates a new block.
+    ///
+    /// # Errors
+    ///
+    /// An out-of-memory error makes the pool fall back to a new block (and its retry ladder).
+    fn grow(&self, block: &mut Self::Block, extra: usize) -> Result<bool> {
+        let _ = (block, extra);
+        Ok(false)
+    }
+
+    /// Gives back the last `bytes` (a multiple of [`Self::granule`], less than the block's
+    /// size) of `block`, which the pool no longer lends. `Ok(false)` when it cannot.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's error; the block keeps its size.
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<bool> {
+        let _ = (block, bytes);
+        Ok(false)
+    }
 }
 
 /// Checks a block the allocator returned for a request of `size` bytes on `device`.
@@ -53,5 +88,17 @@ impl<R: RawAllocator> RawAllocator for std::sync::Arc<R> {
 
     fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block> {
         (**self).allocate(device, size)
+    }
+    fn expandable(&self) -> bool {
+        (**self).expandable()
+    }
+    fn granule(&self) -> usize {
+        (**self).granule()
+    }
+    fn grow(&self, block: &mut Self::Block, extra: usize) -> Result<bool> {
+        (**self).grow(block, extra)
+    }
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<bool> {
+        (**self).shrink(block, bytes)
     }
 }

@@ -1,6 +1,6 @@
 //! The pool alone, on a mock raw allocator: no backend, no stream, no memory type.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -200,4 +200,310 @@ fn a_retired_cached_arena_is_replaced_not_reported_as_out_of_memory() {
     for _ in 0..8 {
         drop(pool.malloc(4 * UNIT, ArenaKey::NULL, &cache).unwrap());
     }
+}
+
+/// Replays `steps` through `pool` (arena `ArenaKey::stream(n)` for the trace's stream `n`), with
+/// what is live in `live`; calls `check` after each allocation.
+fn replay_into<R: RawAllocator>(
+    pool: &Pool<R>,
+    cache: &ArenaCache,
+    steps: &[trace::Step],
+    live: &mut HashMap<u64, PooledMemory<R>>,
+    mut check: impl FnMut(&PooledMemory<R>, &HashMap<u64, PooledMemory<R>>),
+) {
+    for step in steps {
+        match *step {
+            trace::Step::Alloc { id, size, stream } => {
+                let p = pool.malloc(size, ArenaKey::stream(stream), cache).unwrap();
+                check(&p, live);
+                live.insert(id, p);
+            }
+            trace::Step::Free { id } => drop(live.remove(&id)),
+        }
+    }
+}
+
+fn raw_calls(counts: &trace::Counts) -> (usize, usize) {
+    (counts.allocs.load(Ordering::Relaxed), counts.frees.load(Ordering::Relaxed))
+}
+
+/// One step of the synthetic training loop, its parameters and optimizer state already made:
+/// every allocation of the step is freed by its end.
+fn one_training_step() -> Vec<trace::Step> {
+    let two = trace::training(12, 768, 4096, 2);
+    let first = trace::training(12, 768, 4096, 1).len();
+    two[first..].to_vec()
+}
+
+fn counted_pool(
+    policy: GrowthPolicy,
+) -> (Pool<trace::CountingAllocator>, trace::CountingAllocator, ArenaCache) {
+    let allocator = trace::CountingAllocator::default();
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(policy);
+    (pool, allocator, ArenaCache::new())
+}
+
+#[test]
+fn segments_make_no_raw_call_after_the_first_of_ten_repeated_steps() {
+    let step = one_training_step();
+    for streams in [1, 4] {
+        // The same step spread over `streams` streams (allocation i on stream i % streams).
+        let step: Vec<trace::Step> = step
+            .iter()
+            .map(|s| match *s {
+                trace::Step::Alloc { id, size, .. } => {
+                    trace::Step::Alloc { id, size, stream: (id % streams as u64) as usize }
+                }
+                free => free,
+            })
+            .collect();
+        let (pool, allocator, cache) = counted_pool(GrowthPolicy::Segments);
+        let mut live = HashMap::new();
+        replay_into(&pool, &cache, &step, &mut live, |_, _| {});
+        assert!(live.is_empty(), "the step frees all it allocates");
+        let after_first = raw_calls(allocator.counts());
+        assert!(after_first.0 > 0);
+        for rep in 1..10 {
+            replay_into(&pool, &cache, &step, &mut live, |_, _| {});
+            assert_eq!(raw_calls(allocator.counts()), after_first, "{streams} stream(s), repetition {rep}");
+        }
+    }
+}
+
+#[test]
+fn hold_peak_in_use_keeps_calling_the_raw_allocator_every_step() {
+    // The policy Segments replaces for loops: every repetition frees and allocates raw blocks.
+    let step = one_training_step();
+    let (pool, allocator, cache) = counted_pool(GrowthPolicy::HoldPeakInUse);
+    let mut live = HashMap::new();
+    let mut calls = vec![raw_calls(allocator.counts())];
+    for _ in 0..3 {
+        replay_into(&pool, &cache, &step, &mut live, |_, _| {});
+        calls.push(raw_calls(allocator.counts()));
+    }
+    assert!(calls.windows(2).skip(1).all(|w| w[1].0 > w[0].0 && w[1].1 > w[0].1), "{calls:?}");
+}
+
+#[test]
+fn an_adam_loop_settles_once_its_optimizer_state_exists() {
+    // Step 1 makes the optimizer's state, so step 2 uses more than step 1 did: its growth is
+    // forced. From step 3 on, nothing.
+    let lens: Vec<usize> = (0..=10).map(|n| trace::training(12, 768, 4096, n).len()).collect();
+    let steps = trace::training(12, 768, 4096, 10);
+    let (pool, allocator, cache) = counted_pool(GrowthPolicy::Segments);
+    let mut live = HashMap::new();
+    let mut calls = Vec::new();
+    for w in lens.windows(2) {
+        replay_into(&pool, &cache, &steps[w[0]..w[1]], &mut live, |_, _| {});
+        calls.push(raw_calls(allocator.counts()));
+    }
+    assert!(calls[2..].iter().all(|c| *c == calls[1]), "raw calls after each step: {calls:?}");
+    let held = allocator.counts().peak.load(Ordering::Relaxed);
+    let ratio = held as f64 / trace::peak_in_use(&steps) as f64;
+    assert!(ratio < 1.05, "held / in use {ratio}");
+    let (cupy, _, _) = {
+        let (pool, allocator, cache) = counted_pool(GrowthPolicy::CacheUntilOutOfMemory);
+        replay_into(&pool, &cache, &steps, &mut HashMap::new(), |_, _| {});
+        (raw_calls(allocator.counts()), 0, 0)
+    };
+    assert!(calls[9].0 < cupy.0, "fewer raw allocations than CuPy's rule: {} vs {}", calls[9].0, cupy.0);
+}
+
+#[test]
+fn segments_lend_disjoint_chunks_inside_live_blocks_and_every_byte_comes_back() {
+    let (pool, mock, cache) = pool();
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    let steps = trace::random(11, 6000, 0.52, 256.0 * 1024.0, 2.0, 64 << 20, 4);
+    let mut live = HashMap::new();
+    let mut lent = 0usize;
+    replay_into(&pool, &cache, &steps, &mut live, |p, live| {
+        let (start, end) = (p.ptr(), p.ptr() + p.size());
+        let blocks = mock.live.lock().unwrap();
+        let (&base, &len) = blocks.range(..=start).next_back().expect("inside a raw block");
+        assert!(end <= base + len, "chunk {start:#x}..{end:#x} outside its block {base:#x}+{len}");
+        for other in live.values() {
+            assert!(end <= other.ptr() || other.ptr() + other.size() <= start, "overlapping chunks");
+        }
+        lent += 1;
+    });
+    assert!(lent > 3000);
+    let in_use: usize = live.values().map(PooledMemory::size).sum();
+    assert_eq!(pool.used_bytes(), in_use);
+    drop(live);
+    assert_eq!(pool.used_bytes(), 0);
+    let free: usize =
+        [0, 1, 2, 3].iter().flat_map(|&s| pool.free_chunks(ArenaKey::stream(s))).map(|c| c.1).sum();
+    assert_eq!(free, pool.total_bytes(), "every byte held is free again");
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert!(mock.live.lock().unwrap().is_empty(), "every raw block went back");
+}
+
+#[test]
+fn segments_round_blocks_by_class_and_keep_small_requests_off_large_blocks() {
+    let (pool, mock, cache) = pool();
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    let small = pool.malloc(4096, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 2 << 20, "a small miss takes a 2 MiB block");
+    let second = pool.malloc(4096, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(second.ptr(), small.ptr() + 4096, "and the next small request its next chunk");
+    let mid = pool.malloc(3 << 20, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 22 << 20, "a mid-sized miss takes a 20 MiB block");
+    let large = pool.malloc((30 << 20) + 1, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 54 << 20, "a large one is rounded up to 2 MiB");
+    drop(large);
+    // 2 MiB less two chunks is free in the small block: a third small request fits there, and
+    // one that does not fit takes a new small block, never the free 32 MiB one.
+    let big_small = pool.malloc(1 << 20, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 54 << 20);
+    let another = pool.malloc(1 << 20, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 56 << 20, "the free large block is not cut for a small request");
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 4);
+    drop((small, second, mid, big_small, another));
+}
+
+#[test]
+fn a_large_miss_fuses_the_arenas_whole_free_large_blocks() {
+    let (pool, mock, cache) = pool();
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    let a = pool.malloc(12 << 20, ArenaKey::NULL, &cache).unwrap();
+    let b = pool.malloc(12 << 20, ArenaKey::NULL, &cache).unwrap();
+    let other = pool.malloc(12 << 20, ArenaKey::stream(5), &cache).unwrap();
+    drop((a, b, other));
+    assert_eq!(pool.total_bytes(), 36 << 20);
+    // 20 MiB fits in neither free 12 MiB block of the null stream's arena: both go back and one
+    // block of 24 MiB (as large as both) comes instead; the other arena's block stays.
+    let c = pool.malloc(20 << 20, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 36 << 20, "held memory did not grow");
+    assert_eq!(mock.live.lock().unwrap().len(), 2);
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 4);
+    // Its free tail serves the next request without a raw call.
+    let d = pool.malloc(4 << 20, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(d.ptr(), c.ptr() + (20 << 20));
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 4);
+}
+
+#[test]
+fn a_rounded_block_over_the_limit_falls_back_to_the_request() {
+    let (pool, _mock, cache) = pool();
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_limit((11 << 20) + (1 << 19));
+    let a = pool.malloc(11 << 20, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 11 << 20, "the 12 MiB rounding did not fit beside the limit");
+    drop(a);
+    let err = pool.malloc(12 << 20, ArenaKey::NULL, &cache).unwrap_err();
+    assert!(matches!(err, Error::LimitExceeded { .. }), "{err:?}");
+}
+
+#[test]
+#[allow(unsafe_code)] // reads and writes the grown memory through the host backend
+fn expandable_segments_grow_the_newest_block_in_place_and_unmap_free_tails() {
+    use crate::hal::MemoryOps;
+    use crate::host::Host;
+    const MIB: usize = 1 << 20;
+    let allocator = expandable::ExpandableAllocator::<Host>::new(0, 64 * MIB).unwrap();
+    assert_eq!(allocator.granule(), 2 * MIB);
+    let pool = Pool::new(0, allocator);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let a = pool.malloc(3 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 4 * MIB, "whole granules");
+    let b = pool.malloc(3 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(b.ptr(), a.ptr() + 3 * MIB, "the free tail and the new granule are one chunk");
+    assert_eq!(pool.total_bytes(), 6 * MIB, "grown by what the tail lacked");
+    let c = pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(c.ptr(), b.ptr() + 3 * MIB);
+    assert_eq!(pool.total_bytes(), 16 * MIB);
+    // The grown memory is mapped and usable from one end to the other.
+    // SAFETY: `a.ptr()..c.ptr() + 10 MiB` is mapped (16 MiB from `a.ptr()`), and nothing else
+    // uses it.
+    unsafe { Host::memset(0, a.ptr(), 5, 16 * MIB).unwrap() };
+    let mut last = [0u8; 4];
+    // SAFETY: as above; `last` is 4 writable bytes.
+    unsafe { Host::memcpy(0, last.as_mut_ptr() as usize, c.ptr() + 10 * MIB - 4, 4).unwrap() };
+    assert_eq!(last, [5; 4]);
+    drop(c);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 6 * MIB, "the free tail's whole granules were unmapped");
+    let d = pool.malloc(MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(d.ptr(), b.ptr() + 3 * MIB, "the kept part of the tail is lent again");
+    drop((a, b, d));
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(crate::host::vmm_physical_bytes(0), 0, "every granule was released");
+}
+
+#[test]
+fn expandable_segments_need_an_allocator_that_grows() {
+    let (pool, _mock, _cache) = pool();
+    let err = pool.set_expandable_segments(true).unwrap_err();
+    assert!(matches!(err, Error::Unsupported { .. }), "{err:?}");
+    assert!(!pool.expandable_segments());
+    pool.set_expandable_segments(false).unwrap();
+}
+
+#[test]
+fn the_expandable_segments_variable_is_read_strictly() {
+    // The only test that sets this variable.
+    for (value, expected) in
+        [("1", Some(true)), ("true", Some(true)), ("0", Some(false)), ("false", Some(false))]
+    {
+        std::env::set_var(EXPANDABLE_SEGMENTS_ENV, value);
+        assert_eq!(expandable_segments_from_env().unwrap(), expected, "{value}");
+    }
+    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "yes");
+    let err = expandable_segments_from_env().unwrap_err();
+    assert!(matches!(err, Error::InvalidEnvironment { .. }), "{err:?}");
+    assert_eq!(err.to_string(), "GPUMEM_EXPANDABLE_SEGMENTS=\"yes\" is not valid: 1, true, 0 or false");
+    std::env::remove_var(EXPANDABLE_SEGMENTS_ENV);
+    assert_eq!(expandable_segments_from_env().unwrap(), None);
+}
+
+#[test]
+fn expandable_segments_settle_on_a_training_loop_and_hold_less() {
+    let lens: Vec<usize> =
+        std::iter::once(0).chain((0..=10).map(|n| trace::training(12, 768, 4096, n).len())).collect();
+    let steps = trace::training(12, 768, 4096, 10);
+    for policy in [GrowthPolicy::CacheUntilOutOfMemory, GrowthPolicy::Segments] {
+        let allocator = trace::CountingAllocator::expandable(2 << 20);
+        let pool = Pool::new(0, allocator.clone());
+        pool.set_growth_policy(policy);
+        pool.set_expandable_segments(true).unwrap();
+        let cache = ArenaCache::new();
+        let mut live = HashMap::new();
+        let mut calls = Vec::new();
+        for w in lens.windows(2) {
+            replay_into(&pool, &cache, &steps[w[0]..w[1]], &mut live, |_, _| {});
+            calls.push(raw_calls(allocator.counts()));
+        }
+        // Setup, step 1, step 2 (the optimizer state's first full step), then nothing.
+        assert!(calls[3..].iter().all(|c| *c == calls[2]), "{policy:?}: {calls:?}");
+        let with = allocator.counts().peak.load(Ordering::Relaxed);
+        let without = trace::replay(&steps, policy).unwrap().peak_held;
+        assert!(with < without, "{policy:?}: held {with} with expandable segments, {without} without");
+    }
+}
+
+#[test]
+fn expandable_segments_lend_disjoint_chunks_and_every_byte_comes_back() {
+    let steps = trace::random(11, 6000, 0.52, 256.0 * 1024.0, 2.0, 64 << 20, 4);
+    let allocator = trace::CountingAllocator::expandable(2 << 20);
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let mut live = HashMap::new();
+    replay_into(&pool, &cache, &steps, &mut live, |p, live| {
+        let (start, end) = (p.ptr(), p.ptr() + p.size());
+        for other in live.values() {
+            assert!(end <= other.ptr() || other.ptr() + other.size() <= start, "overlapping chunks");
+        }
+    });
+    assert_eq!(pool.total_bytes(), allocator.counts().held.load(Ordering::Relaxed));
+    drop(live);
+    assert_eq!(pool.used_bytes(), 0);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
 }

@@ -721,10 +721,10 @@ mod model {
         #[test]
         fn every_policy_keeps_the_invariants(
             steps in proptest::collection::vec(step(), 1..160),
-            hold_peak in any::<bool>(),
+            policy in 0..3usize,
         ) {
             let (pool, mock) = mock_pool();
-            pool.set_growth_policy(if hold_peak { GrowthPolicy::HoldPeakInUse } else { GrowthPolicy::ReleaseBeforeGrow });
+            pool.set_growth_policy([GrowthPolicy::HoldPeakInUse, GrowthPolicy::ReleaseBeforeGrow, GrowthPolicy::Segments][policy]);
             let streams: Vec<Stream<Host>> =
                 std::iter::once(Stream::null()).chain((0..3).map(|_| Stream::non_blocking().unwrap())).collect();
             let mut lent: Vec<crate::MemoryPointer<Host>> = Vec::new();

@@ -1,0 +1,257 @@
+//! Virtual memory on the host backend, simulated so that code built on it (expandable segments)
+//! runs and is tested on any machine.
+//!
+//! A reserved range is one zeroed host allocation of its whole size (the operating system commits
+//! its pages only when touched, so reserving much costs little). Physical memory is a counted
+//! handle whose bytes count against the device's capacity; mapping records which granules of
+//! which range a handle covers, and the simulation checks every rule the CUDA driver checks:
+//! granule-aligned sizes and addresses, mappings inside a live range that do not overlap, access
+//! set only on mapped memory, unmapping whole mappings, no range freed while mapped. Bytes are not
+//! cleared on unmapping (touching them would commit the pages): memory mapped again reads what
+//! was there, as fresh device memory reads something undefined.
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+use crate::error::{Error, Result};
+use crate::hal::{DeviceId, DevicePtr, PhysicalHandle, VirtualMemoryOps};
+
+use super::memory::{capacity, check_device};
+use super::result::{err, Code};
+use super::Host;
+
+/// The granule: 2 MiB, as CUDA's on current GPUs.
+pub(crate) const GRANULE: usize = 2 << 20;
+
+struct Range {
+    dev: DeviceId,
+    size: usize,
+    /// The host allocation the range lies in (it starts at most a granule below the range).
+    allocation: DevicePtr,
+    /// Mappings by offset: (length, handle, devices with access).
+    mapped: BTreeMap<usize, (usize, PhysicalHandle, Vec<DeviceId>)>,
+}
+
+struct Physical {
+    dev: DeviceId,
+    size: usize,
+    released: bool,
+    mapped: bool,
+}
+
+#[derive(Default)]
+struct Vm {
+    ranges: BTreeMap<DevicePtr, Range>,
+    physical: HashMap<PhysicalHandle, Physical>,
+    next_handle: PhysicalHandle,
+    /// Physical bytes per device.
+    used: HashMap<DeviceId, usize>,
+}
+
+fn vm() -> MutexGuard<'static, Vm> {
+    static VM: OnceLock<Mutex<Vm>> = OnceLock::new();
+    VM.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+fn invalid(api: &'static str, what: String) -> Error {
+    err(api, Code::InvalidValue, Some(what))
+}
+
+fn check_granules(api: &'static str, size: usize) -> Result<()> {
+    if size == 0 || !size.is_multiple_of(GRANULE) {
+        return Err(invalid(
+            api,
+            format!("size {size} is not a positive multiple of the granule ({GRANULE})"),
+        ));
+    }
+    Ok(())
+}
+
+/// The host allocation behind a reserved range of `size` bytes: one granule more than the range,
+/// so that the range can start on a granule, with a small alignment. (A large alignment would
+/// make the allocator write the zeroes itself, committing every page; a small one gets pages the
+/// operating system zeroes when first touched.)
+fn host_layout(size: usize) -> Result<Layout> {
+    size.checked_add(GRANULE)
+        .and_then(|n| Layout::from_size_align(n, 16).ok())
+        .ok_or(Error::OutOfMemory { size, total: None })
+}
+
+/// The range holding `ptr..ptr + size`, and the offset of `ptr` in it.
+fn range_of<'a>(
+    vm: &'a mut Vm,
+    api: &'static str,
+    ptr: DevicePtr,
+    size: usize,
+) -> Result<(DevicePtr, usize, &'a mut Range)> {
+    let outside = || invalid(api, format!("0x{ptr:x}+{size} is not inside a reserved range"));
+    let (&base, range) = vm.ranges.range_mut(..=ptr).next_back().ok_or_else(outside)?;
+    let offset = ptr - base;
+    if offset.checked_add(size).is_none_or(|end| end > range.size) {
+        return Err(outside());
+    }
+    if !offset.is_multiple_of(GRANULE) {
+        return Err(invalid(api, format!("0x{ptr:x} is not aligned to the granule")));
+    }
+    Ok((base, offset, range))
+}
+
+/// The mappings of `range` that cover `offset..offset + size` exactly, as their offsets.
+fn whole_mappings(api: &'static str, range: &Range, offset: usize, size: usize) -> Result<Vec<usize>> {
+    let mut at = offset;
+    let mut found = Vec::new();
+    for (&o, &(len, _, _)) in range.mapped.range(offset..offset + size) {
+        if o != at {
+            break;
+        }
+        found.push(o);
+        at = o + len;
+    }
+    if at != offset + size {
+        return Err(invalid(api, format!("offset {offset}+{size} is not covered by whole mappings")));
+    }
+    Ok(found)
+}
+
+impl VirtualMemoryOps for Host {
+    fn vm_granularity(dev: DeviceId) -> Result<usize> {
+        check_device("cuMemGetAllocationGranularity", dev)?;
+        Ok(GRANULE)
+    }
+
+    fn vm_reserve(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+        const API: &str = "cuMemAddressReserve";
+        check_device(API, dev)?;
+        check_granules(API, size)?;
+        let layout = host_layout(size)?;
+        // SAFETY: the size is not 0 (checked above) and the alignment is a power of two.
+        let allocation = unsafe { alloc_zeroed(layout) };
+        if allocation.is_null() {
+            return Err(Error::OutOfMemory { size, total: None });
+        }
+        let ptr = (allocation as DevicePtr).next_multiple_of(GRANULE);
+        vm().ranges
+            .insert(ptr, Range { dev, size, allocation: allocation as DevicePtr, mapped: BTreeMap::new() });
+        Ok(ptr)
+    }
+
+    unsafe fn vm_free_range(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
+        const API: &str = "cuMemAddressFree";
+        let mut vm = vm();
+        match vm.ranges.get(&ptr) {
+            Some(r) if r.size == size && r.dev == dev && r.mapped.is_empty() => {}
+            Some(r) if !r.mapped.is_empty() => {
+                return Err(err(API, Code::IllegalState, Some(format!("0x{ptr:x} still has mappings"))));
+            }
+            _ => {
+                return Err(invalid(API, format!("0x{ptr:x}+{size} is not a reserved range of device {dev}")))
+            }
+        }
+        let range = vm.ranges.remove(&ptr).expect("found above");
+        drop(vm);
+        let layout = host_layout(size).expect("the layout was valid when reserved");
+        // SAFETY: `range.allocation` came from `alloc_zeroed(layout)` in `vm_reserve` for this
+        // size, and the range was just removed from the registry under its lock: freed once.
+        unsafe { dealloc(range.allocation as *mut u8, layout) };
+        Ok(())
+    }
+
+    fn vm_create(dev: DeviceId, size: usize) -> Result<PhysicalHandle> {
+        const API: &str = "cuMemCreate";
+        check_device(API, dev)?;
+        check_granules(API, size)?;
+        let mut vm = vm();
+        let used = vm.used.entry(dev).or_default();
+        if used.checked_add(size).is_none_or(|u| u > capacity()) {
+            return Err(Error::OutOfMemory { size, total: None });
+        }
+        *used += size;
+        vm.next_handle += 1;
+        let handle = vm.next_handle;
+        vm.physical.insert(handle, Physical { dev, size, released: false, mapped: false });
+        Ok(handle)
+    }
+
+    unsafe fn vm_release(dev: DeviceId, handle: PhysicalHandle) -> Result<()> {
+        let mut vm = vm();
+        let Some(p) = vm.physical.get_mut(&handle).filter(|p| !p.released && p.dev == dev) else {
+            return Err(err("cuMemRelease", Code::InvalidHandle, Some(format!("handle {handle}"))));
+        };
+        p.released = true;
+        if !p.mapped {
+            let size = p.size;
+            vm.physical.remove(&handle);
+            *vm.used.entry(dev).or_default() -= size;
+        }
+        Ok(())
+    }
+
+    unsafe fn vm_map(dev: DeviceId, ptr: DevicePtr, size: usize, handle: PhysicalHandle) -> Result<()> {
+        const API: &str = "cuMemMap";
+        let mut vm = vm();
+        match vm.physical.get(&handle) {
+            Some(p) if !p.released && !p.mapped && p.size == size && p.dev == dev => {}
+            _ => {
+                return Err(err(API, Code::InvalidHandle, Some(format!("handle {handle} for {size} bytes"))))
+            }
+        }
+        let (_, offset, range) = range_of(&mut vm, API, ptr, size)?;
+        let overlaps = range
+            .mapped
+            .range(..offset + size)
+            .next_back()
+            .is_some_and(|(&o, &(len, _, _))| o + len > offset);
+        if overlaps {
+            return Err(invalid(API, format!("0x{ptr:x}+{size} overlaps a mapping")));
+        }
+        range.mapped.insert(offset, (size, handle, Vec::new()));
+        vm.physical.get_mut(&handle).expect("checked above").mapped = true;
+        Ok(())
+    }
+
+    unsafe fn vm_set_access(dev: DeviceId, ptr: DevicePtr, size: usize, devices: &[DeviceId]) -> Result<()> {
+        const API: &str = "cuMemSetAccess";
+        for &d in devices {
+            check_device(API, d)?;
+        }
+        let mut vm = vm();
+        let (_, offset, range) = range_of(&mut vm, API, ptr, size)?;
+        if range.dev != dev {
+            return Err(invalid(API, format!("0x{ptr:x} is not device {dev}'s")));
+        }
+        for o in whole_mappings(API, range, offset, size)? {
+            range.mapped.get_mut(&o).expect("found above").2 = devices.to_vec();
+        }
+        Ok(())
+    }
+
+    unsafe fn vm_unmap(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
+        const API: &str = "cuMemUnmap";
+        let mut vm = vm();
+        let (_, offset, range) = range_of(&mut vm, API, ptr, size)?;
+        if range.dev != dev {
+            return Err(invalid(API, format!("0x{ptr:x} is not device {dev}'s")));
+        }
+        let mut handles = Vec::new();
+        for o in whole_mappings(API, range, offset, size)? {
+            handles.push(range.mapped.remove(&o).expect("found above").1);
+        }
+        for h in handles {
+            let p = vm.physical.get_mut(&h).expect("a mapped handle is known");
+            p.mapped = false;
+            if p.released {
+                let size = p.size;
+                vm.physical.remove(&h);
+                *vm.used.entry(dev).or_default() -= size;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// Physical bytes created on device `dev` and not yet gone (for tests).
+#[cfg(test)]
+pub(crate) fn physical_bytes(dev: DeviceId) -> usize {
+    vm().used.get(&dev).copied().unwrap_or(0)
+}

@@ -1,0 +1,81 @@
+//! The segment rules of [`GrowthPolicy::Segments`](super::GrowthPolicy::Segments): what size of
+//! raw block a miss asks for, and which of an arena's two free lists a request and a chunk use.
+//!
+//! PyTorch's caching allocator settles because it never asks the driver for exactly the request:
+//! requests of at most 1 MiB come from 2 MiB blocks, requests up to 10 MiB from 20 MiB blocks,
+//! larger ones from blocks rounded up to 2 MiB, and the small and the large requests never share a
+//! block, so a long-lived small tensor cannot pin a large block. gpumem keeps those classes (its
+//! `kMinLargeAlloc`, `kSmallBuffer`, `kLargeBuffer`, `kRoundLarge`) and adds what PyTorch lacks:
+//! on a miss, the whole free blocks of the same class in the arena are given back and one block as
+//! large as all of them (or as the request, if that is larger) is asked for instead. A miss so
+//! grows the memory held by at most what the request lacks, and the transient blocks of a
+//! training loop's first step fuse into a few large ones, which the later steps cut up again
+//! without a raw call.
+
+use super::UNIT;
+
+/// Requests of at most this many bytes are small: they come from small blocks only.
+pub(crate) const SMALL_REQUEST: usize = 1 << 20;
+/// The raw block a small miss asks for.
+pub(crate) const SMALL_BLOCK: usize = 2 << 20;
+/// Requests above [`SMALL_REQUEST`] and below this come from blocks of [`MID_BLOCK`] bytes.
+pub(crate) const MID_REQUEST: usize = 10 << 20;
+/// The raw block a mid-sized miss asks for.
+pub(crate) const MID_BLOCK: usize = 20 << 20;
+/// Larger requests ask for a block rounded up to this.
+pub(crate) const LARGE_ROUND: usize = 2 << 20;
+
+/// The free list (0: small, 1: large) of a request or chunk of `size` bytes, when the arena keeps
+/// two (`segmented`); else 0.
+#[inline(always)]
+pub(crate) fn class(size: usize, segmented: bool) -> usize {
+    usize::from(segmented & (size > SMALL_REQUEST))
+}
+
+/// The raw block a miss of `size` bytes (rounded to the unit) asks for, given `fused` bytes of
+/// whole free blocks of the same class that are given back for it. `None` when it overflows.
+pub(crate) fn block_size(size: usize, fused: usize) -> Option<usize> {
+    let own = if size <= SMALL_REQUEST {
+        SMALL_BLOCK
+    } else if size < MID_REQUEST {
+        MID_BLOCK
+    } else {
+        size.checked_next_multiple_of(LARGE_ROUND)?
+    };
+    debug_assert!(own.is_multiple_of(UNIT) && fused.is_multiple_of(UNIT));
+    if size <= SMALL_REQUEST {
+        // Small blocks stay small: fusing them would make a large block out of small ones.
+        return Some(own);
+    }
+    Some(own.max(fused.checked_next_multiple_of(LARGE_ROUND)?))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_sizes_follow_the_classes() {
+        assert_eq!(block_size(UNIT, 0), Some(SMALL_BLOCK));
+        assert_eq!(block_size(SMALL_REQUEST, 0), Some(SMALL_BLOCK));
+        assert_eq!(block_size(SMALL_REQUEST + UNIT, 0), Some(MID_BLOCK));
+        assert_eq!(block_size(MID_REQUEST, 0), Some(MID_REQUEST));
+        assert_eq!(block_size(MID_REQUEST + UNIT, 0), Some(MID_REQUEST + LARGE_ROUND));
+        assert_eq!(block_size(usize::MAX / UNIT * UNIT, 0), None);
+    }
+
+    #[test]
+    fn fused_blocks_make_one_block_as_large_as_all() {
+        assert_eq!(block_size(3 << 20, 60 << 20), Some(60 << 20));
+        assert_eq!(block_size(30 << 20, (20 << 20) + UNIT), Some(30 << 20));
+        assert_eq!(block_size(30 << 20, 41 << 20), Some(42 << 20));
+        assert_eq!(block_size(UNIT, 8 << 20), Some(SMALL_BLOCK), "small blocks do not fuse");
+    }
+
+    #[test]
+    fn only_segmented_arenas_have_two_classes() {
+        assert_eq!(class(SMALL_REQUEST, true), 0);
+        assert_eq!(class(SMALL_REQUEST + UNIT, true), 1);
+        assert_eq!(class(usize::MAX, false), 0);
+    }
+}

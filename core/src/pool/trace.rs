@@ -1,0 +1,454 @@
+//! Allocation traces for the fragmentation replay: a seeded random trace, and traces recorded
+//! elsewhere (PyTorch's memory history of real training steps) read from a text file.
+//!
+//! Text format, one step per line: `a <id> <size> <stream>` allocates `size` bytes on stream number
+//! `stream` (0 is the null stream); `f <id>` frees allocation `id`.
+//!
+//! [`replay`] runs a trace through a [`Pool`] on the host, with a raw allocator that counts what
+//! it is asked for: the ratio of bytes held to bytes in use and the raw calls depend only on the
+//! pool's rules and the trace, so the figures are the same as on a device (the time is not).
+
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use super::{ArenaCache, ArenaKey, GrowthPolicy, Pool, RawAllocator, RawBlock};
+use crate::error::Result;
+use crate::hal::types::{DeviceId, DevicePtr};
+
+/// One step of a trace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Step {
+    /// Allocate `size` bytes on stream `stream`, known as `id` until freed.
+    Alloc {
+        /// The allocation's name in the trace.
+        id: u64,
+        /// Bytes asked for.
+        size: usize,
+        /// The stream's number in the trace (0: the null stream).
+        stream: usize,
+    },
+    /// Free allocation `id`.
+    Free {
+        /// The allocation's name in the trace.
+        id: u64,
+    },
+}
+
+/// A small, fast, seedable generator (SplitMix64), so the trace is the same on every machine.
+struct SplitMix(u64);
+
+impl SplitMix {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    fn unit(&mut self) -> f64 {
+        (self.next() >> 11) as f64 / (1u64 << 53) as f64
+    }
+    fn normal(&mut self) -> f64 {
+        // Box-Muller.
+        let (u1, u2) = (self.unit().max(f64::MIN_POSITIVE), self.unit());
+        (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
+    }
+}
+
+/// The random trace: `steps` steps, `alloc_share` of them allocations (the rest free a random live
+/// allocation), sizes log-normal around `median` bytes with shape `sigma`, at most `max` bytes,
+/// spread over `streams` streams.
+pub fn random(
+    seed: u64,
+    steps: usize,
+    alloc_share: f64,
+    median: f64,
+    sigma: f64,
+    max: usize,
+    streams: usize,
+) -> Vec<Step> {
+    let mut rng = SplitMix(seed);
+    let mut live: Vec<u64> = Vec::new();
+    let mut out = Vec::with_capacity(steps);
+    let mut next_id = 0;
+    for _ in 0..steps {
+        if live.is_empty() || rng.unit() < alloc_share {
+            let size = (median * (sigma * rng.normal()).exp()).clamp(1.0, max as f64) as usize;
+            let stream = (rng.next() % streams as u64) as usize;
+            out.push(Step::Alloc { id: next_id, size, stream });
+            live.push(next_id);
+            next_id += 1;
+        } else {
+            let i = (rng.next() % live.len() as u64) as usize;
+            out.push(Step::Free { id: live.swap_remove(i) });
+        }
+    }
+    out
+}
+
+/// The standard random trace of the benchmarks: 20,000 steps, 52 % allocations, log-normal sizes
+/// (median 256 KiB, sigma 2) up to 256 MiB, on 4 streams.
+pub fn standard_random() -> Vec<Step> {
+    random(20_261_130, 20_000, 0.52, 256.0 * 1024.0, 2.0, 256 << 20, 4)
+}
+
+/// A synthetic training loop, shaped like a transformer's: `layers` layers of width `hidden`
+/// (parameters allocated once, before the first step), then `steps` steps of a forward pass that
+/// keeps each layer's activations (and frees its temporaries at once), a backward pass that frees
+/// them in reverse while it creates each parameter's gradient, an optimizer step (its two state
+/// tensors per parameter made in the first step and kept; one temporary per parameter) and
+/// `zero_grad(set_to_none)` (every gradient freed). Every step asks for the same sizes in the same
+/// order, as a real training loop does; one stream.
+pub fn training(layers: usize, hidden: usize, tokens: usize, steps: usize) -> Vec<Step> {
+    const F32: usize = 4;
+    let mut t = Builder::default();
+    let params: Vec<usize> = (0..layers)
+        .flat_map(|_| {
+            [3 * hidden * hidden, 3 * hidden, hidden * hidden, hidden, 4 * hidden * hidden, 4 * hidden]
+                .into_iter()
+                .chain([4 * hidden * hidden, hidden, hidden, hidden])
+        })
+        .chain([50_257 * hidden, 1024 * hidden])
+        .map(|n| n * F32)
+        .collect();
+    for &p in &params {
+        t.alloc(p);
+    }
+    let mut state = Vec::new();
+    for step in 0..steps {
+        // Forward: per layer, saved activations and a freed temporary (the attention scores).
+        let input = t.alloc(tokens * hidden * F32);
+        let mut saved = vec![input];
+        for _ in 0..layers {
+            let scores = t.alloc(tokens * tokens / 8 * F32);
+            saved.push(t.alloc(tokens * 3 * hidden * F32));
+            saved.push(t.alloc(tokens * hidden * F32));
+            t.free(scores);
+            saved.push(t.alloc(tokens * 4 * hidden * F32));
+            saved.push(t.alloc(tokens * hidden * F32));
+        }
+        let logits = t.alloc(tokens * 50_257 * F32 / 4);
+        // Backward: gradients of the parameters, last layer first, freeing what the layer saved.
+        let grad_logits = t.alloc(tokens * 50_257 * F32 / 4);
+        t.free(logits);
+        let mut grads = Vec::new();
+        for p in params.iter().rev() {
+            grads.push(t.alloc(*p));
+            if grads.len() % 10 == 0 {
+                for _ in 0..4 {
+                    if let Some(a) = saved.pop() {
+                        let tmp = t.alloc(tokens * hidden * F32);
+                        t.free(a);
+                        t.free(tmp);
+                    }
+                }
+            }
+        }
+        t.free(grad_logits);
+        for a in saved {
+            t.free(a);
+        }
+        // Optimizer: two state tensors per parameter, made in the first step and kept.
+        if step == 0 {
+            for &p in &params {
+                state.push(t.alloc(p));
+                state.push(t.alloc(p));
+            }
+        }
+        for &p in &params {
+            let tmp = t.alloc(p);
+            t.free(tmp);
+        }
+        for g in grads {
+            t.free(g);
+        }
+    }
+    t.steps
+}
+
+#[derive(Default)]
+struct Builder {
+    steps: Vec<Step>,
+    next: u64,
+}
+
+impl Builder {
+    fn alloc(&mut self, size: usize) -> u64 {
+        let id = self.next;
+        self.next += 1;
+        self.steps.push(Step::Alloc { id, size, stream: 0 });
+        id
+    }
+    fn free(&mut self, id: u64) {
+        self.steps.push(Step::Free { id });
+    }
+}
+
+/// Parses the text format.
+///
+/// # Errors
+///
+/// The first line that is not a step or a comment, as text.
+pub fn parse(text: &str) -> Result<Vec<Step>, String> {
+    text.lines()
+        .filter(|l| !l.trim().is_empty() && !l.trim().starts_with('#'))
+        .map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            let num = |i: usize| {
+                f.get(i).and_then(|v| v.parse::<u64>().ok()).ok_or_else(|| format!("bad line: {line}"))
+            };
+            match f.first() {
+                Some(&"a") => {
+                    Ok(Step::Alloc { id: num(1)?, size: num(2)? as usize, stream: num(3)? as usize })
+                }
+                Some(&"f") => Ok(Step::Free { id: num(1)? }),
+                _ => Err(format!("bad line: {line}")),
+            }
+        })
+        .collect()
+}
+
+/// Where the training steps of a recorded trace begin: for each `# step` line of `text`, the
+/// index in [`parse`]'s steps of the first step after it.
+#[must_use]
+pub fn step_marks(text: &str) -> Vec<usize> {
+    let mut marks = Vec::new();
+    let mut n = 0;
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with("# step") {
+            marks.push(n);
+        } else if !line.is_empty() && !line.starts_with('#') {
+            n += 1;
+        }
+    }
+    marks
+}
+
+/// Writes the text format.
+pub fn render(steps: &[Step]) -> String {
+    let mut s = String::with_capacity(steps.len() * 16);
+    for step in steps {
+        match step {
+            Step::Alloc { id, size, stream } => writeln!(s, "a {id} {size} {stream}"),
+            Step::Free { id } => writeln!(s, "f {id}"),
+        }
+        .expect("writing to a String cannot fail");
+    }
+    s
+}
+
+/// Peak bytes in use over the trace (requested sizes): the allocator-independent denominator.
+pub fn peak_in_use(steps: &[Step]) -> usize {
+    let mut live = std::collections::HashMap::new();
+    let (mut used, mut peak) = (0usize, 0usize);
+    for step in steps {
+        match *step {
+            Step::Alloc { id, size, .. } => {
+                live.insert(id, size);
+                used += size;
+                peak = peak.max(used);
+            }
+            Step::Free { id } => used -= live.remove(&id).unwrap_or(0),
+        }
+    }
+    peak
+}
+
+/// What a replay measured.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayStats {
+    /// The most bytes held from the raw allocator at once.
+    pub peak_held: usize,
+    /// The most bytes in use at once (requested sizes, as [`peak_in_use`]).
+    pub peak_in_use: usize,
+    /// Raw allocations.
+    pub raw_allocs: usize,
+    /// Raw frees (blocks dropped), the pool's own drop at the end not counted.
+    pub raw_frees: usize,
+}
+
+impl ReplayStats {
+    /// Peak bytes held over peak bytes in use.
+    #[must_use]
+    pub fn ratio(&self) -> f64 {
+        self.peak_held as f64 / self.peak_in_use.max(1) as f64
+    }
+}
+
+/// Counts what a raw allocator is asked for and what it holds; hands out address ranges that
+/// never overlap (host memory is not touched: the blocks are numbers).
+/// With [`CountingAllocator::expandable`], blocks grow and shrink in place, in granules, each
+/// growth counted as a raw allocation and each shrink as a raw free (PyTorch counts its
+/// expandable segments' maps and unmaps so).
+#[derive(Clone, Default)]
+pub struct CountingAllocator {
+    counts: Arc<Counts>,
+    granule: Option<usize>,
+}
+
+/// The counters of a [`CountingAllocator`].
+#[derive(Debug, Default)]
+pub struct Counts {
+    next: AtomicUsize,
+    /// Bytes held now.
+    pub held: AtomicUsize,
+    /// The most bytes held at once.
+    pub peak: AtomicUsize,
+    /// Raw allocations so far.
+    pub allocs: AtomicUsize,
+    /// Raw frees so far.
+    pub frees: AtomicUsize,
+}
+
+impl CountingAllocator {
+    /// A counting allocator whose blocks grow and shrink in steps of `granule` bytes.
+    #[must_use]
+    pub fn expandable(granule: usize) -> Self {
+        CountingAllocator { counts: Arc::default(), granule: Some(granule.max(1)) }
+    }
+
+    /// The counters.
+    #[must_use]
+    pub fn counts(&self) -> &Counts {
+        &self.counts
+    }
+}
+
+/// A block of a [`CountingAllocator`].
+#[derive(Debug)]
+pub struct CountedBlock {
+    address: DevicePtr,
+    size: usize,
+    device: DeviceId,
+    counts: Arc<Counts>,
+}
+
+impl RawBlock for CountedBlock {
+    fn address(&self) -> DevicePtr {
+        self.address
+    }
+    fn size(&self) -> usize {
+        self.size
+    }
+    fn device(&self) -> DeviceId {
+        self.device
+    }
+}
+
+impl Drop for CountedBlock {
+    fn drop(&mut self) {
+        self.counts.held.fetch_sub(self.size, Ordering::Relaxed);
+        self.counts.frees.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+impl RawAllocator for CountingAllocator {
+    type Block = CountedBlock;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<CountedBlock> {
+        let c = &self.counts;
+        // A gap between blocks, so that no two blocks look contiguous; growable blocks get a
+        // range of 1 TiB each to grow into.
+        let span = if self.granule.is_some() { 1 << 40 } else { size.next_multiple_of(4096) + 4096 };
+        let address = (1 << 40) + c.next.fetch_add(span, Ordering::Relaxed);
+        let now = c.held.fetch_add(size, Ordering::Relaxed) + size;
+        c.peak.fetch_max(now, Ordering::Relaxed);
+        c.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(CountedBlock { address, size, device, counts: Arc::clone(c) })
+    }
+
+    fn expandable(&self) -> bool {
+        self.granule.is_some()
+    }
+
+    fn granule(&self) -> usize {
+        self.granule.unwrap_or(1)
+    }
+
+    fn grow(&self, block: &mut CountedBlock, extra: usize) -> Result<bool> {
+        if self.granule.is_none() {
+            return Ok(false);
+        }
+        let c = &self.counts;
+        block.size += extra;
+        let now = c.held.fetch_add(extra, Ordering::Relaxed) + extra;
+        c.peak.fetch_max(now, Ordering::Relaxed);
+        c.allocs.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+
+    fn shrink(&self, block: &mut CountedBlock, bytes: usize) -> Result<bool> {
+        if self.granule.is_none() || bytes >= block.size {
+            return Ok(false);
+        }
+        block.size -= bytes;
+        self.counts.held.fetch_sub(bytes, Ordering::Relaxed);
+        self.counts.frees.fetch_add(1, Ordering::Relaxed);
+        Ok(true)
+    }
+}
+
+/// Replays `steps` through a new pool with `policy` on a [`CountingAllocator`]; stream `n` of
+/// the trace is arena `ArenaKey::stream(n)` (0: the null stream).
+///
+/// # Errors
+///
+/// The pool's errors (none on this allocator, which never runs out).
+pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
+    replay_on(steps, policy, CountingAllocator::default())
+}
+
+/// As [`replay`], with expandable segments on (blocks grow in 2 MiB granules, each growth a
+/// counted raw allocation).
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
+    replay_on(steps, policy, CountingAllocator::expandable(2 << 20))
+}
+
+fn replay_on(steps: &[Step], policy: GrowthPolicy, allocator: CountingAllocator) -> Result<ReplayStats> {
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(policy);
+    if allocator.expandable() {
+        pool.set_expandable_segments(true)?;
+    }
+    let cache = ArenaCache::new();
+    let mut live = HashMap::new();
+    for step in steps {
+        match *step {
+            Step::Alloc { id, size, stream } => {
+                live.insert(id, pool.malloc(size, ArenaKey::stream(stream), &cache)?);
+            }
+            Step::Free { id } => drop(live.remove(&id)),
+        }
+    }
+    drop(live);
+    let c = allocator.counts();
+    Ok(ReplayStats {
+        peak_held: c.peak.load(Ordering::Relaxed),
+        peak_in_use: peak_in_use(steps),
+        raw_allocs: c.allocs.load(Ordering::Relaxed),
+        raw_frees: c.frees.load(Ordering::Relaxed),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_text_format_round_trips_and_step_marks_point_past_comments() {
+        let text = "# recorded\na 0 512 0\n# step 1\na 1 4096 1\nf 0\n\n# step 2\nf 1\n";
+        let steps = parse(text).unwrap();
+        assert_eq!(steps.len(), 4);
+        assert_eq!(step_marks(text), vec![1, 3]);
+        assert_eq!(parse(&render(&steps)).unwrap(), steps);
+        assert!(parse("a 1 x 0").is_err());
+        assert_eq!(peak_in_use(&steps), 4608);
+    }
+}
