@@ -139,13 +139,25 @@ macro_rules! on_chosen_or {
     };
 }
 
-/// Virtual memory on the chosen backend. Addresses and physical handles are plain integers, so
-/// they pass through unchanged; a backend without the API answers `Unsupported`.
+/// `Unsupported` for virtual memory, where `CAPS` says not every backend built in has it.
+fn vm_unsupported() -> Error {
+    Error::Unsupported { operation: "virtual memory", backend: "auto" }
+}
+
+/// Virtual memory on the chosen backend, where every backend built in has it (`CAPS`, as for
+/// capture): addresses and physical handles are plain integers and pass through unchanged.
+/// Otherwise every operation answers `Unsupported`, whichever backend was chosen.
 impl VirtualMemoryOps for Auto {
     fn vm_granularity(dev: DeviceId) -> Result<usize> {
+        if !Self::CAPS.virtual_memory {
+            return Err(vm_unsupported());
+        }
         on_chosen!(B => B::vm_granularity(dev))
     }
     fn vm_reserve(dev: DeviceId, size: usize) -> Result<DevicePtr> {
+        if !Self::CAPS.virtual_memory {
+            return Err(vm_unsupported());
+        }
         on_chosen!(B => B::vm_reserve(dev, size))
     }
     unsafe fn vm_free_range(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
@@ -153,6 +165,9 @@ impl VirtualMemoryOps for Auto {
         on_chosen!(B => unsafe { B::vm_free_range(dev, ptr, size) })
     }
     fn vm_create(dev: DeviceId, size: usize) -> Result<PhysicalHandle> {
+        if !Self::CAPS.virtual_memory {
+            return Err(vm_unsupported());
+        }
         on_chosen!(B => B::vm_create(dev, size))
     }
     unsafe fn vm_release(dev: DeviceId, handle: PhysicalHandle) -> Result<()> {

@@ -155,13 +155,14 @@ macro_rules! __safety_tests {
 
                 fn freeing_pinned_memory_does_not_wait_for_unrelated_streams() {
                     let s = Stream::non_blocking().unwrap();
+                    // Allocated first: pinning memory may itself wait for the device on CUDA.
+                    let unrelated = PinnedMemoryPointer::alloc(N).unwrap();
                     let (tx, rx) = mpsc::channel::<()>();
                     let rx = Mutex::new(rx);
                     s.launch_host_func(move || {
                         let _ = rx.lock().unwrap().recv_timeout(Duration::from_secs(10));
                     })
                     .unwrap();
-                    let unrelated = PinnedMemoryPointer::alloc(N).unwrap();
                     let t = Instant::now();
                     drop(unrelated);
                     assert!(t.elapsed() < Duration::from_secs(5), "the free waited for a stream waiting for us");
@@ -194,9 +195,13 @@ macro_rules! __safety_tests {
                     }
                     let runs = Arc::new(AtomicUsize::new(0));
                     let r = Arc::clone(&runs);
-                    let s1 = Stream::per_thread();
+                    // Two values for one stream: the stream itself and a foreign wrapper of its
+                    // handle. (A non-blocking stream, so that other tests' work on the legacy
+                    // stream cannot invalidate the capture, as it would a per-thread stream's.)
+                    let s1 = Stream::non_blocking().unwrap();
                     s1.begin_capture(None).unwrap();
-                    let s2 = Stream::per_thread();
+                    // SAFETY: `s1` is live, and outlives `s2`'s use below.
+                    let s2 = unsafe { gpumem::ExternalStream::from_ptr(s1.ptr(), s1.device_id()) };
                     s2.launch_host_func(move || {
                         r.fetch_add(1, Ordering::SeqCst);
                     })

@@ -255,23 +255,10 @@ fn release<B: Runtime>(done: Vec<Entry<B>>) {
     }
 }
 
-/// After a successful `synchronize` of the stream `identity`: everything queued on it before is
-/// done.
-pub(crate) fn stream_done<B: Runtime>(identity: ArenaKey) {
-    if crate::runtime::stream::callback::in_callback() {
-        return;
-    }
-    let inflight = &B::globals().inflight;
-    if inflight.n_entries.load(Ordering::Acquire) > 0 {
-        let done: Vec<Entry<B>> = {
-            let mut entries = inflight.entries.lock();
-            let (done, kept): (Vec<_>, Vec<_>) = entries.drain(..).partition(|e| e.stream == identity);
-            *entries = kept;
-            inflight.n_entries.store(entries.len(), Ordering::Release);
-            done
-        };
-        release(done);
-    }
+/// After a successful `synchronize` of a stream: what its finished work kept goes. Each entry's
+/// own event decides (not the stream's identity: a destroyed stream's handle value may be a new
+/// stream's, and the old stream's work is not covered by the new one's synchronize).
+pub(crate) fn stream_done<B: Runtime>() {
     collect::<B>();
 }
 

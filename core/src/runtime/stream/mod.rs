@@ -347,7 +347,7 @@ impl<B: Runtime> Stream<B> {
         }
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
         unsafe { B::stream_synchronize(self.run_device(), self.inner.handle) }?;
-        inflight::stream_done::<B>(self.arena_key());
+        inflight::stream_done::<B>();
         crate::runtime::state::check_deferred::<B>()?;
         match callback::take_panic::<B>(self.arena_key()) {
             Some(message) => Err(Error::CallbackPanicked(message)),
