@@ -291,7 +291,7 @@ impl<R: RawAllocator> Pool<R> {
     /// not hold the request; the raw allocator's other errors.
     #[inline]
     pub fn malloc(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
-        let mem_size = round_size(size).ok_or(Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if !hooks::active() {
             return self.lend(mem_size, key, cache, false);
         }
@@ -427,7 +427,7 @@ impl<R: RawAllocator> Pool<R> {
             let granule = self.shared.allocator.granule().max(1);
             block_len = mem_size
                 .checked_next_multiple_of(granule)
-                .ok_or(Error::OutOfMemory { size: mem_size, total: None })?;
+                .ok_or_else(|| Error::OutOfMemory { size: mem_size, total: None })?;
         }
         match self.growth_policy() {
             GrowthPolicy::CacheUntilOutOfMemory => {}
@@ -569,8 +569,8 @@ impl<R: RawAllocator> Pool<R> {
         }
         // The raw frees (driver calls) run after the lock is released.
         drop(released);
-        let block =
-            policy::block_size(mem_size, fused).ok_or(Error::OutOfMemory { size: mem_size, total: None })?;
+        let block = policy::block_size(mem_size, fused)
+            .ok_or_else(|| Error::OutOfMemory { size: mem_size, total: None })?;
         Ok(block)
     }
 

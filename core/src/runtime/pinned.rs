@@ -360,7 +360,7 @@ impl<B: Runtime> PinnedMemoryPool<B> {
         if size == 0 {
             return PinnedMemoryPointer::alloc(0);
         }
-        let rounded = Self::rounded_size(size).ok_or(Error::OutOfMemory { size, total: None })?;
+        let rounded = Self::rounded_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         let cached = self.free.lock().get_mut(&rounded).and_then(Vec::pop);
         let buffer = match cached {
             Some(b) => b,
