@@ -245,6 +245,7 @@ fn counted_pool(
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn segments_make_no_raw_call_after_the_first_of_ten_repeated_steps() {
     let step = one_training_step();
     for streams in [1, 4] {
@@ -272,6 +273,7 @@ fn segments_make_no_raw_call_after_the_first_of_ten_repeated_steps() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn hold_peak_in_use_keeps_calling_the_raw_allocator_every_step() {
     // The policy Segments replaces for loops: every repetition frees and allocates raw blocks.
     let step = one_training_step();
@@ -286,6 +288,7 @@ fn hold_peak_in_use_keeps_calling_the_raw_allocator_every_step() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn an_adam_loop_settles_once_its_optimizer_state_exists() {
     // Step 1 makes the optimizer's state, so step 2 uses more than step 1 did: its growth is
     // forced. From step 3 on, nothing.
@@ -311,6 +314,7 @@ fn an_adam_loop_settles_once_its_optimizer_state_exists() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn segments_lend_disjoint_chunks_inside_live_blocks_and_every_byte_comes_back() {
     let (pool, mock, cache) = pool();
     pool.set_growth_policy(GrowthPolicy::Segments);
@@ -341,6 +345,7 @@ fn segments_lend_disjoint_chunks_inside_live_blocks_and_every_byte_comes_back() 
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn segments_round_blocks_by_class_and_keep_small_requests_off_large_blocks() {
     let (pool, mock, cache) = pool();
     pool.set_growth_policy(GrowthPolicy::Segments);
@@ -364,6 +369,7 @@ fn segments_round_blocks_by_class_and_keep_small_requests_off_large_blocks() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn a_large_miss_fuses_the_arenas_whole_free_large_blocks() {
     let (pool, mock, cache) = pool();
     pool.set_growth_policy(GrowthPolicy::Segments);
@@ -461,6 +467,7 @@ fn the_expandable_segments_variable_is_read_strictly() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn expandable_segments_settle_on_a_training_loop_and_hold_less() {
     let lens: Vec<usize> =
         std::iter::once(0).chain((0..=10).map(|n| trace::training(12, 768, 4096, n).len())).collect();
@@ -486,6 +493,7 @@ fn expandable_segments_settle_on_a_training_loop_and_hold_less() {
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn expandable_segments_lend_disjoint_chunks_and_every_byte_comes_back() {
     let steps = trace::random(11, 6000, 0.52, 256.0 * 1024.0, 2.0, 64 << 20, 4);
     let allocator = trace::CountingAllocator::expandable(2 << 20);
