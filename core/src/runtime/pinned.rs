@@ -4,8 +4,8 @@
 //! (sizes rounded to 512 bytes and then up to a power of two, exact-size free lists used LIFO, no
 //! splitting, no arenas, no limit, no hooks; one retry after releasing the cache on
 //! out-of-memory). [`PinnedMemoryPointer`] points into either and is what
-//! `MemoryPointer::copy_from_host_async` / `copy_to_host_async` take. The `EventWatcher` keeps a
-//! buffer alive until the asynchronous transfers that use it are done, as CuPy's `_EventWatcher`.
+//! `MemoryPointer::copy_from_host_async` / `copy_to_host_async` take. A transfer keeps its buffer
+//! alive until it is done (the ownership model of `stream::inflight`), as CuPy's `_EventWatcher`.
 
 use std::collections::HashMap;
 use std::fmt;
