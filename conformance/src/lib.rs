@@ -21,6 +21,7 @@ mod buffers;
 mod capture;
 mod devices;
 mod events;
+mod fork_join;
 mod memory;
 mod pinned;
 mod pool;
@@ -93,6 +94,7 @@ macro_rules! suite {
         $crate::__capture_tests!($flavor);
         $crate::__devices_tests!($flavor);
         $crate::__events_tests!($flavor);
+        $crate::__fork_join_tests!($flavor);
         $crate::__memory_tests!($flavor);
         $crate::__pinned_tests!($flavor);
         $crate::__pool_tests!($flavor);

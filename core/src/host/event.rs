@@ -6,8 +6,9 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::Instant;
 
 use crate::error::Result;
-use crate::hal::{CaptureStatus, DeviceId, EventFlags, EventOps};
+use crate::hal::{DeviceId, EventFlags, EventOps};
 
+use super::capture::{Clock, Sequence};
 use super::memory;
 use super::result::{err, Code};
 use super::worker::join_legacy;
@@ -19,6 +20,9 @@ struct Marks {
     completed: u64,
     /// When the latest completed generation completed.
     at: Option<Instant>,
+    /// The capture the event was last recorded in, and the point of it the event stands for
+    /// (`None` once it is recorded outside a capture).
+    captured: Option<(Arc<Sequence>, Clock)>,
 }
 
 /// A host event (the host backend's `Backend::Event`).
@@ -37,7 +41,7 @@ impl HostEvent {
     pub(crate) fn new(flags: EventFlags) -> Arc<HostEvent> {
         Arc::new(HostEvent {
             flags,
-            marks: Mutex::new(Marks { recorded: 0, completed: 0, at: None }),
+            marks: Mutex::new(Marks { recorded: 0, completed: 0, at: None, captured: None }),
             done: Condvar::new(),
         })
     }
@@ -45,8 +49,37 @@ impl HostEvent {
     /// Asks for the next generation; the returned number is completed by [`HostEvent::complete`].
     pub(crate) fn next_generation(&self) -> u64 {
         let mut m = lock(&self.marks);
+        m.captured = None;
         m.recorded += 1;
         m.recorded
+    }
+
+    /// Marks the event as recorded at `point` of `capture`.
+    pub(crate) fn set_captured(&self, capture: Arc<Sequence>, point: Clock) {
+        lock(&self.marks).captured = Some((capture, point));
+    }
+
+    /// The capture the event was last recorded in, and where.
+    pub(crate) fn captured(&self) -> Option<(Arc<Sequence>, Clock)> {
+        lock(&self.marks).captured.clone()
+    }
+
+    /// Refuses to treat an event last recorded in a capture as a point in time: while the
+    /// capture runs the refusal invalidates it (`CAPTURED_EVENT` for `captured_code`), after it
+    /// the event is invalid until recorded again.
+    fn refuse_captured(&self, api: &'static str, captured_code: Code) -> Result<()> {
+        match self.captured() {
+            None => Ok(()),
+            Some((capture, _)) if !capture.is_ended() => {
+                capture.invalidate();
+                Err(err(api, captured_code, None))
+            }
+            Some(_) => Err(err(
+                api,
+                Code::InvalidValue,
+                Some("the event was last recorded in a capture that has ended".into()),
+            )),
+        }
     }
 
     /// Completes generation `g` (and every earlier one).
@@ -59,7 +92,8 @@ impl HostEvent {
         self.done.notify_all();
     }
 
-    /// A replay of a captured record: asks for and completes a generation at once.
+    /// A record on the legacy stream (which runs its work at once): asks for and completes a
+    /// generation.
     pub(crate) fn record_now(&self) {
         let g = self.next_generation();
         self.complete(g);
@@ -128,9 +162,8 @@ impl EventOps for Host {
                 Ok(())
             }
             Target::Worker(w) => {
-                if w.capture_status() != CaptureStatus::None {
-                    let event = Arc::clone(event);
-                    return w.submit("cuEventRecord", Arc::new(move || event.record_now()));
+                if let Some(recorded) = w.record_in_capture("cuEventRecord", event) {
+                    return recorded;
                 }
                 let generation = event.next_generation();
                 let ev = Arc::clone(event);
@@ -144,9 +177,11 @@ impl EventOps for Host {
         }
     }
     fn event_query(_dev: DeviceId, event: &Arc<HostEvent>) -> Result<bool> {
+        event.refuse_captured("cuEventQuery", Code::CapturedEvent)?;
         Ok(event.query())
     }
     fn event_synchronize(_dev: DeviceId, event: &Arc<HostEvent>) -> Result<()> {
+        event.refuse_captured("cuEventSynchronize", Code::InvalidValue)?;
         event.synchronize();
         Ok(())
     }
@@ -154,6 +189,8 @@ impl EventOps for Host {
         if start.flags.disable_timing || end.flags.disable_timing {
             return Err(err("cuEventElapsedTime", Code::InvalidHandle, Some("timing is disabled".into())));
         }
+        start.refuse_captured("cuEventElapsedTime", Code::InvalidValue)?;
+        end.refuse_captured("cuEventElapsedTime", Code::InvalidValue)?;
         HostEvent::elapsed_ms(start, end)
     }
 }

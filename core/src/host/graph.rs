@@ -1,5 +1,6 @@
-//! Capture and graphs: a capturing worker records its operations instead of running them; the
-//! graph replays them in order on every launch.
+//! Capture and graphs: a capturing worker records its operations instead of running them (into
+//! the capture it takes part in: see [`capture`](super::capture)); the graph replays them in
+//! order on every launch.
 
 use std::sync::Arc;
 
@@ -7,7 +8,7 @@ use crate::error::Result;
 use crate::hal::{CaptureMode, CaptureStatus, DeviceId, GraphOps};
 
 use super::result::{err, Code};
-use super::worker::{refuse_implicit_capture, Op};
+use super::worker::{implicit_capture, Op};
 use super::{enqueue, target, Host, HostStream, Target};
 
 /// A captured graph of host operations.
@@ -35,9 +36,8 @@ impl GraphOps for Host {
     }
     unsafe fn capture_status(dev: DeviceId, stream: HostStream) -> Result<CaptureStatus> {
         match target("cuStreamGetCaptureInfo", dev, stream)? {
-            Target::Legacy => {
-                refuse_implicit_capture(dev, "cuStreamGetCaptureInfo").map(|()| CaptureStatus::None)
-            }
+            // As CUDA: an error while a blocking stream captures, which that capture survives.
+            Target::Legacy => implicit_capture(dev, "cuStreamGetCaptureInfo").map(|()| CaptureStatus::None),
             Target::Worker(w) => Ok(w.capture_status()),
         }
     }

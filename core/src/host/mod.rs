@@ -9,7 +9,8 @@
 //!   caller's thread after the device's blocking streams have drained.
 //! - Events complete when their stream reaches them; timing uses the host clock.
 //! - Capture records a stream's operations; the graph replays them in order. Host functions
-//!   captured once run on every replay.
+//!   captured once run on every replay. Streams join and leave a capture through events, with
+//!   CUDA's rules and errors (see [`capture`]).
 //! - Freeing device memory waits for all streams, as `cudaFree` does; the stream-ordered
 //!   allocator frees when the stream reaches the free.
 //! - Errors carry CUDA's numeric codes under host names (`HOST_ERROR_...`).
@@ -17,6 +18,7 @@
 //! Host functions and callbacks may not synchronise their own stream (an error, where CUDA forbids
 //! any runtime call in a callback).
 
+mod capture;
 mod device;
 mod event;
 mod graph;

@@ -14,7 +14,12 @@ pub(crate) enum Code {
     NotPermitted = 800,
     StreamCaptureUnsupported = 900,
     StreamCaptureInvalidated = 901,
+    StreamCaptureMerge = 902,
+    StreamCaptureUnmatched = 903,
+    StreamCaptureUnjoined = 904,
+    StreamCaptureIsolation = 905,
     StreamCaptureImplicit = 906,
+    CapturedEvent = 907,
 }
 
 impl Code {
@@ -29,7 +34,12 @@ impl Code {
             Code::NotPermitted => "HOST_ERROR_NOT_PERMITTED",
             Code::StreamCaptureUnsupported => "HOST_ERROR_STREAM_CAPTURE_UNSUPPORTED",
             Code::StreamCaptureInvalidated => "HOST_ERROR_STREAM_CAPTURE_INVALIDATED",
+            Code::StreamCaptureMerge => "HOST_ERROR_STREAM_CAPTURE_MERGE",
+            Code::StreamCaptureUnmatched => "HOST_ERROR_STREAM_CAPTURE_UNMATCHED",
+            Code::StreamCaptureUnjoined => "HOST_ERROR_STREAM_CAPTURE_UNJOINED",
+            Code::StreamCaptureIsolation => "HOST_ERROR_STREAM_CAPTURE_ISOLATION",
             Code::StreamCaptureImplicit => "HOST_ERROR_STREAM_CAPTURE_IMPLICIT",
+            Code::CapturedEvent => "HOST_ERROR_CAPTURED_EVENT",
         }
     }
 
@@ -44,9 +54,20 @@ impl Code {
             Code::NotPermitted => "operation not permitted",
             Code::StreamCaptureUnsupported => "operation not permitted when stream is capturing",
             Code::StreamCaptureInvalidated => "operation failed due to a previous error during capture",
+            Code::StreamCaptureMerge => {
+                "operation would have resulted in a merge of two independent captures"
+            }
+            Code::StreamCaptureUnmatched => "the capture was not initiated in this stream",
+            Code::StreamCaptureUnjoined => {
+                "the capture sequence contains a fork that was not joined to the primary stream"
+            }
+            Code::StreamCaptureIsolation => {
+                "dependency would cross the capture sequence boundary (an event recorded outside the capture)"
+            }
             Code::StreamCaptureImplicit => {
                 "operation would make the legacy stream depend on a capturing blocking stream"
             }
+            Code::CapturedEvent => "operation not permitted on an event last recorded in a capturing stream",
         }
     }
 }

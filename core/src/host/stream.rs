@@ -76,12 +76,20 @@ impl StreamOps for Host {
         }
     }
     unsafe fn stream_wait_event(dev: DeviceId, stream: HostStream, event: &Arc<HostEvent>) -> Result<()> {
-        let generation = event.current_generation();
-        if generation == 0 {
-            return Ok(());
+        let api = "cuStreamWaitEvent";
+        match target(api, dev, stream)? {
+            Target::Legacy => {
+                if let Some((capture, _)) = event.captured() {
+                    // The legacy stream cannot take part in a capture.
+                    capture.invalidate();
+                    return Err(err(api, Code::StreamCaptureIsolation, None));
+                }
+                join_legacy(dev, api)?;
+                event.wait_for(event.current_generation());
+                Ok(())
+            }
+            Target::Worker(w) => w.wait_event(api, event),
         }
-        let event = Arc::clone(event);
-        enqueue("cuStreamWaitEvent", dev, stream, Arc::new(move || event.wait_for(generation)))
     }
     unsafe fn launch_host_func(
         dev: DeviceId,

@@ -13,6 +13,8 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, OnceLock, Weak};
 use crate::error::Result;
 use crate::hal::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
 
+use super::capture::{Ended, Sequence, StreamKey};
+use super::event::HostEvent;
 use super::result::{err, Code};
 
 /// A replayable operation: copies, memsets, host functions, event records and waits.
@@ -23,19 +25,24 @@ enum Task {
     Once(Box<dyn FnOnce() + Send>),
 }
 
-struct Capture {
-    #[allow(dead_code)] // the host backend treats every mode as relaxed; kept for debugging
-    mode: CaptureMode,
-    ops: Vec<Op>,
-    invalidated: bool,
-}
-
 struct State {
     queue: VecDeque<Task>,
     submitted: u64,
     completed: u64,
     shutdown: bool,
-    capture: Option<Capture>,
+    /// The capture this stream takes part in (as its origin or joined); one that has ended since
+    /// counts as none.
+    capture: Option<Arc<Sequence>>,
+}
+
+impl State {
+    /// The capture this stream takes part in now.
+    fn live_capture(&mut self) -> Option<&Arc<Sequence>> {
+        if self.capture.as_ref().is_some_and(|c| c.is_ended()) {
+            self.capture = None;
+        }
+        self.capture.as_ref()
+    }
 }
 
 pub(crate) struct Worker {
@@ -124,15 +131,16 @@ impl Worker {
         CURRENT_WORKER.with(Cell::get) == self as *const Worker as usize
     }
 
+    /// This stream's identity in captures.
+    pub(crate) fn key(&self) -> StreamKey {
+        self as *const Worker as usize
+    }
+
     /// Queues `op`, or records it when the stream captures.
     pub(crate) fn submit(&self, api: &'static str, op: Op) -> Result<()> {
         let mut st = lock(&self.state);
-        if let Some(capture) = st.capture.as_mut() {
-            if capture.invalidated {
-                return Err(err(api, Code::StreamCaptureInvalidated, None));
-            }
-            capture.ops.push(op);
-            return Ok(());
+        if let Some(capture) = st.live_capture() {
+            return capture.record(api, self.key(), op);
         }
         self.push(st, Task::Op(op));
         Ok(())
@@ -142,12 +150,64 @@ impl Worker {
     /// `cuStreamAddCallback` is.
     pub(crate) fn submit_once(&self, api: &'static str, f: Box<dyn FnOnce() + Send>) -> Result<()> {
         let mut st = lock(&self.state);
-        if let Some(capture) = st.capture.as_mut() {
-            capture.invalidated = true;
+        if let Some(capture) = st.live_capture() {
+            capture.invalidate();
             return Err(err(api, Code::StreamCaptureUnsupported, None));
         }
         self.push(st, Task::Once(f));
         Ok(())
+    }
+
+    /// Records `event` on this stream while it captures: the event stands for this point of the
+    /// capture (`None` when the stream does not capture).
+    pub(crate) fn record_in_capture(&self, api: &'static str, event: &HostEvent) -> Option<Result<()>> {
+        let mut st = lock(&self.state);
+        let capture = st.live_capture()?;
+        Some(capture.clock_of(api, self.key()).map(|clock| event.set_captured(Arc::clone(capture), clock)))
+    }
+
+    /// Makes this stream wait for `event`: a fork into the event's capture, a join within one, or
+    /// (outside captures) a queued wait.
+    pub(crate) fn wait_event(&self, api: &'static str, event: &Arc<HostEvent>) -> Result<()> {
+        let mut st = lock(&self.state);
+        let mine = st.live_capture().cloned();
+        match (mine, event.captured()) {
+            (_, Some((theirs, _))) if theirs.is_ended() => Err(err(
+                api,
+                Code::InvalidValue,
+                Some("the event was last recorded in a capture that has ended".into()),
+            )),
+            (None, Some((theirs, point))) => {
+                theirs.wait(api, self.key(), &point)?;
+                st.capture = Some(theirs);
+                Ok(())
+            }
+            (Some(mine), Some((theirs, point))) if Arc::ptr_eq(&mine, &theirs) => {
+                mine.wait(api, self.key(), &point)
+            }
+            (Some(mine), Some((theirs, _))) => {
+                mine.invalidate();
+                theirs.invalidate();
+                Err(err(api, Code::StreamCaptureMerge, None))
+            }
+            (Some(mine), None) => {
+                if event.current_generation() == 0 {
+                    // Never recorded: nothing to wait for, as outside a capture.
+                    return Ok(());
+                }
+                mine.invalidate();
+                Err(err(api, Code::StreamCaptureIsolation, None))
+            }
+            (None, None) => {
+                let generation = event.current_generation();
+                if generation == 0 {
+                    return Ok(());
+                }
+                let event = Arc::clone(event);
+                self.push(st, Task::Op(Arc::new(move || event.wait_for(generation))));
+                Ok(())
+            }
+        }
     }
 
     fn push(&self, mut st: MutexGuard<'_, State>, task: Task) {
@@ -159,8 +219,8 @@ impl Worker {
     /// Refuses an operation that is illegal while capturing, invalidating the capture (as CUDA
     /// does for queries and synchronisation of a capturing stream).
     fn refuse_if_capturing(&self, st: &mut State, api: &'static str) -> Result<()> {
-        if let Some(capture) = st.capture.as_mut() {
-            capture.invalidated = true;
+        if let Some(capture) = st.live_capture() {
+            capture.invalidate();
             return Err(err(api, Code::StreamCaptureUnsupported, None));
         }
         Ok(())
@@ -205,41 +265,48 @@ impl Worker {
 
     pub(crate) fn begin_capture(&self, mode: CaptureMode) -> Result<()> {
         let mut st = lock(&self.state);
-        if st.capture.is_some() {
+        if st.live_capture().is_some() {
             return Err(err(
                 "cuStreamBeginCapture",
                 Code::IllegalState,
                 Some("the stream is already capturing".into()),
             ));
         }
-        st.capture = Some(Capture { mode, ops: Vec::new(), invalidated: false });
+        st.capture = Some(Sequence::begin(self.key(), mode));
         Ok(())
     }
 
     pub(crate) fn end_capture(&self) -> Result<Vec<Op>> {
+        let api = "cuStreamEndCapture";
         let mut st = lock(&self.state);
-        match st.capture.take() {
-            None => {
-                Err(err("cuStreamEndCapture", Code::IllegalState, Some("the stream is not capturing".into())))
-            }
-            Some(c) if c.invalidated => Err(err("cuStreamEndCapture", Code::StreamCaptureInvalidated, None)),
-            Some(c) => Ok(c.ops),
+        let Some(capture) = st.live_capture().cloned() else {
+            return Err(err(api, Code::IllegalState, Some("the stream is not capturing".into())));
+        };
+        if !capture.is_origin(self.key()) {
+            capture.invalidate();
+            return Err(err(api, Code::StreamCaptureUnmatched, None));
+        }
+        st.capture = None;
+        match capture.end() {
+            Ended::Graph(ops) => Ok(ops),
+            Ended::Invalidated => Err(err(api, Code::StreamCaptureInvalidated, None)),
+            Ended::Unjoined => Err(err(api, Code::StreamCaptureUnjoined, None)),
         }
     }
 
     pub(crate) fn capture_status(&self) -> CaptureStatus {
-        match &lock(&self.state).capture {
+        match lock(&self.state).live_capture() {
             None => CaptureStatus::None,
-            Some(c) if c.invalidated => CaptureStatus::Invalidated,
+            Some(c) if c.is_invalidated() => CaptureStatus::Invalidated,
             Some(_) => CaptureStatus::Active,
         }
     }
 
     /// Invalidates an active capture; returns whether there was one.
     fn invalidate_capture(&self) -> bool {
-        match lock(&self.state).capture.as_mut() {
+        match lock(&self.state).live_capture() {
             Some(c) => {
-                c.invalidated = true;
+                c.invalidate();
                 true
             }
             None => false,
@@ -276,6 +343,18 @@ pub(crate) fn refuse_implicit_capture(dev: DeviceId, api: &'static str) -> Resul
         implicit |= w.invalidate_capture_if_active();
     }
     if implicit {
+        return Err(err(api, Code::StreamCaptureImplicit, None));
+    }
+    Ok(())
+}
+
+/// Fails when a blocking stream of `dev` captures, leaving that capture as it is: what CUDA
+/// answers to a capture query of the legacy stream.
+pub(crate) fn implicit_capture(dev: DeviceId, api: &'static str) -> Result<()> {
+    let capturing = live_workers(|w| w.device == dev && !w.flags.non_blocking)
+        .iter()
+        .any(|w| w.capture_status() == CaptureStatus::Active);
+    if capturing {
         return Err(err(api, Code::StreamCaptureImplicit, None));
     }
     Ok(())
