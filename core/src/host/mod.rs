@@ -9,8 +9,12 @@
 //!   caller's thread after the device's blocking streams have drained.
 //! - Events complete when their stream reaches them; timing uses the host clock.
 //! - Capture records a stream's operations; the graph replays them in order. Host functions
-//!   captured once run on every replay. Streams join and leave a capture through events, with
-//!   CUDA's rules and errors (see [`capture`]).
+//!   captured once run on every replay. Streams join a capture by waiting for an event recorded
+//!   in it and leave it by being waited for, with CUDA's rules and errors: an unjoined fork
+//!   fails `end_capture` (`STREAM_CAPTURE_UNJOINED`), ending on a joined stream fails
+//!   (`STREAM_CAPTURE_UNMATCHED`), waiting for work outside the capture or in another one fails
+//!   (`STREAM_CAPTURE_ISOLATION`, `STREAM_CAPTURE_MERGE`), and an event recorded in a capture
+//!   cannot be queried (`CAPTURED_EVENT`).
 //! - Freeing device memory waits for all streams, as `cudaFree` does; the stream-ordered
 //!   allocator frees when the stream reaches the free.
 //! - Errors carry CUDA's numeric codes under host names (`HOST_ERROR_...`).
