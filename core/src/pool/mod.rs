@@ -36,6 +36,7 @@ mod arena;
 pub mod expandable;
 mod index;
 mod limit;
+pub mod pinned;
 mod policy;
 mod raw;
 mod sync;

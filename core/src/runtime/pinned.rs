@@ -3,19 +3,17 @@
 //! [`PinnedMemory`] is one runtime allocation; [`PinnedMemoryPool`] caches them with CuPy's rules
 //! (sizes rounded to 512 bytes and then up to a power of two, exact-size free lists used LIFO, no
 //! splitting, no arenas, no limit, no hooks; one retry after releasing the cache on
-//! out-of-memory). [`PinnedMemoryPointer`] points into either and is what
+//! out-of-memory), which [`pool::pinned`](crate::pool::pinned) holds. [`PinnedMemoryPointer`] points into either and is what
 //! `MemoryPointer::copy_from_host_async` / `copy_to_host_async` take. A transfer keeps its buffer
 //! alive until it is done (the ownership model of `stream::inflight`), as CuPy's `_EventWatcher`.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::{Arc, Weak};
 
-use parking_lot::Mutex;
-
 use crate::error::{Error, Result};
 use crate::hal::DeviceId;
+use crate::pool::pinned::{pinned_rounded_size, PinnedCache};
 use crate::runtime::device::current_device;
 use crate::runtime::pointer::Offset;
 use crate::runtime::state::{record_drop_error, Runtime};
@@ -278,12 +276,13 @@ impl<B: Runtime> PinnedAllocator<B> for RuntimePinnedAllocator {
     }
 }
 
-type FreeLists<B> = HashMap<usize, Vec<Box<dyn PinnedBuffer<B>>>>;
+type Cache<B> = PinnedCache<Box<dyn PinnedBuffer<B>>>;
 
-/// A cache of pinned host buffers: CuPy's `PinnedMemoryPool`.
+/// A cache of pinned host buffers: CuPy's `PinnedMemoryPool`, with the rules of
+/// [`pool::pinned`](crate::pool::pinned).
 pub struct PinnedMemoryPool<B: Runtime> {
     allocator: Box<dyn PinnedAllocator<B>>,
-    free: Arc<Mutex<FreeLists<B>>>,
+    free: Arc<Cache<B>>,
 }
 
 impl<B: Runtime> fmt::Debug for PinnedMemoryPool<B> {
@@ -302,7 +301,7 @@ impl<B: Runtime> Default for PinnedMemoryPool<B> {
 /// (or is freed, if the pool is gone).
 struct PooledPinnedMemory<B: Runtime> {
     buffer: Option<Box<dyn PinnedBuffer<B>>>,
-    pool: Weak<Mutex<FreeLists<B>>>,
+    pool: Weak<Cache<B>>,
 }
 
 impl<B: Runtime> fmt::Debug for PooledPinnedMemory<B> {
@@ -314,7 +313,7 @@ impl<B: Runtime> fmt::Debug for PooledPinnedMemory<B> {
 impl<B: Runtime> Drop for PooledPinnedMemory<B> {
     fn drop(&mut self) {
         if let (Some(buffer), Some(pool)) = (self.buffer.take(), self.pool.upgrade()) {
-            pool.lock().entry(buffer.size()).or_default().push(buffer);
+            pool.give_back(buffer.size(), buffer);
         }
     }
 }
@@ -339,14 +338,14 @@ impl<B: Runtime> PinnedMemoryPool<B> {
     /// A pool on the given allocator.
     #[must_use]
     pub fn with_allocator(allocator: Box<dyn PinnedAllocator<B>>) -> Self {
-        PinnedMemoryPool { allocator, free: Arc::new(Mutex::new(HashMap::new())) }
+        PinnedMemoryPool { allocator, free: Arc::new(PinnedCache::new()) }
     }
 
     /// The size the pool allocates for a request: rounded to 512 bytes, then up to a power of two
     /// (CuPy's `clp2`; 1000 and 1024 both take 1024 bytes). `None` when that overflows.
     #[must_use]
     pub fn rounded_size(size: usize) -> Option<usize> {
-        size.checked_add(511).map(|s| s / 512 * 512).and_then(usize::checked_next_power_of_two)
+        pinned_rounded_size(size)
     }
 
     /// Lends a buffer of at least `size` bytes. Size 0 gives an empty, unpooled buffer.
@@ -361,17 +360,7 @@ impl<B: Runtime> PinnedMemoryPool<B> {
             return PinnedMemoryPointer::alloc(0);
         }
         let rounded = Self::rounded_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
-        let cached = self.free.lock().get_mut(&rounded).and_then(Vec::pop);
-        let buffer = match cached {
-            Some(b) => b,
-            None => match self.allocator.allocate(rounded) {
-                Err(e) if e.is_out_of_memory() => {
-                    self.free_all_blocks();
-                    self.allocator.allocate(rounded)?
-                }
-                other => other?,
-            },
-        };
+        let buffer = self.free.lend(rounded, |n| self.allocator.allocate(n), Error::is_out_of_memory)?;
         let pooled = PooledPinnedMemory { buffer: Some(buffer), pool: Arc::downgrade(&self.free) };
         Ok(PinnedMemoryPointer::from_buffer(Arc::new(pooled)))
     }
@@ -379,13 +368,12 @@ impl<B: Runtime> PinnedMemoryPool<B> {
     /// Frees every cached buffer (buffers still lent out are unaffected).
     pub fn free_all_blocks(&self) {
         crate::runtime::stream::inflight::collect::<B>();
-        let released = std::mem::take(&mut *self.free.lock());
-        drop(released);
+        drop(self.free.release());
     }
 
     /// The number of cached buffers.
     #[must_use]
     pub fn n_free_blocks(&self) -> usize {
-        self.free.lock().values().map(Vec::len).sum()
+        self.free.n_free_blocks()
     }
 }
