@@ -13,9 +13,8 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUstream};
 use gpumem_core::{
-    get_elapsed_time, CaptureMode, CaptureStatus, Device, DeviceOps, Error, Event, EventFlags, EventOps,
-    ExternalStream, GraphOps, Memory, MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream,
-    StreamFlags, StreamOps,
+    get_elapsed_time, CaptureStatus, Device, DeviceOps, Error, Event, ExternalStream, GraphOps, Memory,
+    MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamOps,
 };
 use gpumem_cuda::{Cuda, CudaStream};
 
@@ -36,10 +35,6 @@ fn read_back(p: &MemoryPointer<Cuda>, n: usize) -> Vec<u8> {
     let mut out = vec![0u8; n];
     p.copy_to_host(&mut out, n).expect("copy_to_host");
     out
-}
-
-fn is_driver_not_found<T>(r: &gpumem_core::Result<T>) -> bool {
-    matches!(r, Err(Error::DriverNotFound { backend: "cuda", .. }))
 }
 
 #[test]
@@ -68,65 +63,9 @@ fn driver_presence_decides_every_answer() {
         }
         other => panic!("expected DriverNotFound, got {other:?}"),
     }
-    let null = Cuda::null_stream();
-    assert!(is_driver_not_found(&Cuda::set_device(0)));
-    assert!(is_driver_not_found(&Cuda::device_properties(0)));
-    assert!(is_driver_not_found(&Cuda::mem_get_info(0)));
-    assert!(is_driver_not_found(&Cuda::device_synchronize(0)));
-    assert!(is_driver_not_found(&Cuda::can_access_peer(0, 1)));
-    assert!(is_driver_not_found(&Cuda::enable_peer_access(0, 1)));
-    assert!(is_driver_not_found(&Cuda::pointer_device(0x1000)));
-    assert!(is_driver_not_found(&Cuda::malloc(0, 1024)));
-    assert!(is_driver_not_found(&Cuda::malloc_host(0, 1024)));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::malloc_async(0, 1024, null) }));
-    assert!(is_driver_not_found(&Cuda::stream_priority_range(0)));
-    assert!(is_driver_not_found(&Cuda::stream_create(0, StreamFlags { non_blocking: true }, 0)));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::stream_flags(0, null) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::stream_query(0, Cuda::legacy_stream()) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::stream_synchronize(0, Cuda::per_thread_stream()) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::begin_capture(0, null, CaptureMode::Relaxed) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::end_capture(0, null) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_driver_not_found(&unsafe { Cuda::capture_status(0, null) }));
-    assert!(is_driver_not_found(&Cuda::event_create(0, EventFlags::default())));
-    // SAFETY: the addresses are never touched: the backend fails before any driver call.
-    unsafe {
-        assert!(is_driver_not_found(&Cuda::memcpy(0, 0x1000, 0x2000, 16)));
-        assert!(is_driver_not_found(&Cuda::memset_async(0, 0x1000, 1, 16, null)));
-    }
-    // A refused callback is dropped without running.
-    let ran = Arc::new(AtomicUsize::new(0));
-    let r = {
-        let ran = Arc::clone(&ran);
-        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-        unsafe {
-            Cuda::add_callback(
-                0,
-                null,
-                Box::new(move |_| {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                }),
-            )
-        }
-    };
-    assert!(is_driver_not_found(&r));
-    assert_eq!((ran.load(Ordering::SeqCst), Arc::strong_count(&ran)), (0, 1));
-
-    // The same through the typed API.
-    assert!(is_driver_not_found(&Device::<Cuda>::count()));
-    assert!(is_driver_not_found(&MemoryPool::<Cuda>::new().malloc(1024)));
-    assert!(is_driver_not_found(&Memory::<Cuda>::new(1024)));
-    assert!(is_driver_not_found(&Stream::<Cuda>::non_blocking()));
-    assert!(is_driver_not_found(&Event::<Cuda>::new()));
-    assert!(is_driver_not_found(&Stream::<Cuda>::null().is_capturing()));
-    assert!(is_driver_not_found(&Stream::<Cuda>::null().synchronize()));
-    assert!(is_driver_not_found(&PinnedMemoryPointer::<Cuda>::alloc(1024)));
+    gpumem_conformance::no_device::every_call_is_refused::<Cuda>(|e| {
+        matches!(e, Error::DriverNotFound { backend: "cuda", .. })
+    });
 }
 
 /// A graph captured on a non-blocking stream (memsets, a device-to-device copy and a host

@@ -16,15 +16,13 @@
 //! fails with fewer; select it by name on a two-GPU machine. None of them has run on AMD hardware
 //! yet.
 
-use std::ffi::c_void;
 use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use gpumem_core::{
-    get_elapsed_time, CaptureMode, Device, DeviceOps, Error, Event, EventFlags, EventOps, ExternalStream,
-    GraphOps, Memory, MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamFlags,
-    StreamOps, StreamOptions,
+    get_elapsed_time, CaptureMode, Device, DeviceOps, Error, Event, ExternalStream, GraphOps, Memory,
+    MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamOps, StreamOptions,
 };
 use gpumem_hip::{Hip, HipGraph, HipStream};
 use hip_sys::hiprt::{hipStreamNonBlocking, hipStream_t};
@@ -87,16 +85,6 @@ fn read_back(p: &MemoryPointer<Hip>, n: usize) -> Vec<u8> {
     out
 }
 
-/// Whether `r` is this backend's answer on a machine without a device: `NoDevice` where the
-/// runtime library loads, `DriverNotFound` where it does not.
-fn is_no_device<T>(r: &gpumem_core::Result<T>) -> bool {
-    if gpumem_hip::runtime_library().is_ok() {
-        matches!(r, Err(Error::NoDevice { backend: "hip" }))
-    } else {
-        matches!(r, Err(Error::DriverNotFound { backend: "hip", .. }))
-    }
-}
-
 #[test]
 fn device_presence_decides_every_answer() {
     if gpu_expected() {
@@ -117,67 +105,12 @@ fn device_presence_decides_every_answer() {
     // No device. Without the runtime library every operation is DriverNotFound; with it (the
     // runtime answers hipErrorNoDevice without /dev/kfd), NoDevice. Either way none panics, and
     // the answer does not change between calls.
-    assert!(is_no_device(&Hip::device_count()));
-    assert!(is_no_device(&Hip::device_count()));
-    let null = Hip::null_stream();
-    assert!(is_no_device(&Hip::set_device(0)));
-    assert!(is_no_device(&Hip::device_properties(0)));
-    assert!(is_no_device(&Hip::mem_get_info(0)));
-    assert!(is_no_device(&Hip::device_synchronize(0)));
-    assert!(is_no_device(&Hip::can_access_peer(0, 1)));
-    assert!(is_no_device(&Hip::enable_peer_access(0, 1)));
-    assert!(is_no_device(&Hip::pointer_device(0x1000)));
-    assert!(is_no_device(&Hip::malloc(0, 1024)));
-    assert!(is_no_device(&Hip::malloc_host(0, 1024)));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_no_device(&unsafe { Hip::malloc_async(0, 1024, null) }));
-    assert!(is_no_device(&Hip::stream_priority_range(0)));
-    assert!(is_no_device(&Hip::stream_create(0, StreamFlags { non_blocking: true }, 0)));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_no_device(&unsafe { Hip::stream_flags(0, null) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_no_device(&unsafe { Hip::stream_flags(0, Hip::per_thread_stream()) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_no_device(&unsafe { Hip::stream_priority(0, null) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_no_device(&unsafe { Hip::stream_query(0, Hip::legacy_stream()) }));
-    // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-    assert!(is_no_device(&unsafe { Hip::stream_synchronize(0, Hip::per_thread_stream()) }));
-    assert!(is_no_device(&Hip::event_create(0, EventFlags::default())));
-    // SAFETY: the addresses are never touched: the backend fails before any other runtime call.
-    unsafe {
-        assert!(is_no_device(&Hip::memcpy(0, 0x1000, 0x2000, 16)));
-        assert!(is_no_device(&Hip::memset_async(0, 0x1000, 1, 16, null)));
-    }
-    // A refused callback or host function is dropped without running.
-    let ran = Arc::new(AtomicUsize::new(0));
-    let r = {
-        let ran = Arc::clone(&ran);
-        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-        unsafe {
-            Hip::add_callback(
-                0,
-                null,
-                Box::new(move |_| {
-                    ran.fetch_add(1, Ordering::SeqCst);
-                }),
-            )
-        }
-    };
-    assert!(is_no_device(&r));
-    assert_eq!((ran.load(Ordering::SeqCst), Arc::strong_count(&ran)), (0, 1));
-    unsafe extern "C" fn never_called(_: *mut c_void) {}
-    // SAFETY: `never_called` does not unwind and ignores its argument.
-    assert!(is_no_device(&unsafe { Hip::launch_host_func(0, null, never_called, std::ptr::null_mut()) }));
-
-    // The same through the typed API.
-    assert!(is_no_device(&Device::<Hip>::count()));
-    assert!(is_no_device(&MemoryPool::<Hip>::new().malloc(1024)));
-    assert!(is_no_device(&Memory::<Hip>::new(1024)));
-    assert!(is_no_device(&Stream::<Hip>::non_blocking()));
-    assert!(is_no_device(&Event::<Hip>::new()));
-    assert!(is_no_device(&Stream::<Hip>::null().synchronize()));
-    assert!(is_no_device(&PinnedMemoryPointer::<Hip>::alloc(1024)));
+    let library = gpumem_hip::runtime_library().is_ok();
+    gpumem_conformance::no_device::every_call_is_refused::<Hip>(|e| match e {
+        Error::NoDevice { backend: "hip" } => library,
+        Error::DriverNotFound { backend: "hip", .. } => !library,
+        _ => false,
+    });
 }
 
 /// Differs from the CUDA suite, which captures a graph and replays it: this backend offers no

@@ -23,6 +23,7 @@ mod devices;
 mod events;
 mod fork_join;
 mod memory;
+pub mod no_device;
 mod pinned;
 mod pool;
 mod safety;
