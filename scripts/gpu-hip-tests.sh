@@ -13,7 +13,7 @@
 #    through HIP_PATH=$SHIM (gpumem-hip looks under $HIP_PATH/lib before the search path) and
 #    LD_LIBRARY_PATH.
 # 2. Runs gpumem-hip's tests (its conformance suite included) with --include-ignored and
-#    GPUMEM_REQUIRE_DEVICE=1; with fewer than two GPUs, the two-GPU test is skipped by name.
+#    GPUMEM_REQUIRE_DEVICE=1.
 # 3. Runs gpumem-auto's tests (one binary built with cuda and hip) three times: with
 #    GPUMEM_BACKEND unset (CUDA must be chosen), =cuda and =hip (through the shim).
 # 4. compute-sanitizer --tool memcheck over gpumem-hip's binaries and the auto conformance suite
@@ -38,10 +38,6 @@ fi
 nm -D --defined-only "$SHIM/lib/libamdhip64.so" | grep -c ' T hip' | sed 's/^/shim entry points: /'
 export HIP_PATH="$SHIM" LD_LIBRARY_PATH="$SHIM/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export GPUMEM_REQUIRE_DEVICE=1 RUST_BACKTRACE=1
-skip=()
-if [ "$(nvidia-smi -L | wc -l)" -lt 2 ]; then
-    skip=(--skip peer_copy_between_two_gpus)
-fi
 
 LOG="$OUT/tests.log"
 : > "$LOG"
@@ -50,7 +46,7 @@ run() {
     local label=$1 t=$2
     shift 2
     echo "== $label $t" >> "$LOG"
-    env "$@" timeout 300 "./$t" --include-ignored "${skip[@]}" >> "$LOG" 2>&1
+    env "$@" timeout 300 "./$t" --include-ignored >> "$LOG" 2>&1
     local rc=$?
     [ "$rc" -ne 0 ] && status=1
     echo "rc=$rc $label $(basename "$t")" | tee -a "$LOG"
@@ -72,7 +68,7 @@ memcheck() {
     local label=$1 t=$2
     shift 2
     echo "== memcheck $label $t" >> "$MLOG"
-    env "$@" timeout 300 compute-sanitizer --tool memcheck "./$t" --include-ignored "${skip[@]}" \
+    env "$@" timeout 300 compute-sanitizer --tool memcheck "./$t" --include-ignored \
         --test-threads=1 >> "$MLOG" 2>&1
     local rc=$?
     [ "$rc" -ne 0 ] && status=1

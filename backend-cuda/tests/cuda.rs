@@ -5,8 +5,8 @@
 //!
 //! The other tests need an NVIDIA GPU. They are ignored by default, so they show as skipped on
 //! machines without one; run them with `cargo test -p gpumem-cuda -- --include-ignored`. When run,
-//! a missing device is a failure, never a pass. `peer_copy_between_two_gpus` needs two GPUs and
-//! fails with fewer; select it by name on a two-GPU machine.
+//! a missing device is a failure, never a pass. What every backend does (two devices included) is
+//! in the conformance suite (`tests/conformance.rs`); this file keeps what is this backend's own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -167,58 +167,6 @@ fn external_stream_from_raw_driver_handle() {
     }
     // SAFETY: the test created `raw` and nothing uses it any more; destroyed once.
     assert_eq!(unsafe { sys::cuStreamDestroy_v2(raw) } as u32, 0, "cuStreamDestroy_v2");
-}
-
-/// Device-to-device copies between two GPUs, synchronous and asynchronous. Needs two GPUs and
-/// fails with fewer.
-#[test]
-#[ignore = "needs two NVIDIA GPUs: run by name with --include-ignored on a machine with two"]
-fn peer_copy_between_two_gpus() {
-    let n = require_gpu();
-    assert!(n >= 2, "peer_copy_between_two_gpus needs two GPUs; found {n}");
-    const N: usize = 1 << 20;
-    let pattern: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
-    let on0 = MemoryPointer::from_memory(Memory::<Cuda>::new_on(0, N).expect("malloc on device 0"));
-    let on1 = MemoryPointer::from_memory(Memory::<Cuda>::new_on(1, N).expect("malloc on device 1"));
-    assert_eq!(Cuda::pointer_device(on0.ptr()).expect("pointer_device"), Some(0));
-    assert_eq!(Cuda::pointer_device(on1.ptr()).expect("pointer_device"), Some(1));
-    // Whether the copy goes peer to peer or through the host, it must arrive.
-    let _ = Device::<Cuda>::new(0).can_access_peer(&Device::new(1)).expect("can_access_peer");
-
-    on0.copy_from_host(&pattern, N).expect("fill device 0");
-    on1.copy_from_device(&on0, N).expect("copy device 0 -> device 1");
-    assert_eq!(read_back(&on1, N), pattern, "synchronous copy to device 1");
-
-    on0.memset(0, N).expect("clear device 0");
-    {
-        let _on_device_1 = Device::<Cuda>::new(1).enter().expect("enter device 1");
-        let s = Stream::<Cuda>::non_blocking().expect("stream on device 1");
-        assert_eq!(s.device_id(), Some(1));
-        on0.copy_from_device_async(&on1, N, Some(&s)).expect("copy device 1 -> device 0");
-        s.synchronize().expect("synchronize");
-    }
-    assert_eq!(read_back(&on0, N), pattern, "asynchronous copy back to device 0");
-}
-
-/// An allocation no GPU can serve is `OutOfMemory`, from the raw allocator and from the pool,
-/// and the device stays usable.
-#[test]
-#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with one"]
-fn absurd_allocation_is_out_of_memory() {
-    require_gpu();
-    const ABSURD: usize = 1 << 40; // 1 TiB
-    match Memory::<Cuda>::new(ABSURD) {
-        Err(Error::OutOfMemory { size, total: None }) => assert_eq!(size, ABSURD),
-        other => panic!("expected OutOfMemory from cuMemAlloc, got {other:?}"),
-    }
-    let pool = MemoryPool::<Cuda>::new();
-    match pool.malloc(ABSURD) {
-        Err(e @ Error::OutOfMemory { .. }) => assert!(e.is_out_of_memory()),
-        other => panic!("expected OutOfMemory from the pool, got {other:?}"),
-    }
-    let p = pool.malloc(1024).expect("a small allocation after the failure");
-    p.memset(3, 1024).expect("memset");
-    assert!(read_back(&p, 1024).iter().all(|&x| x == 3));
 }
 
 /// Driver errors carry the entry point, the code, and the driver's name and text for it.

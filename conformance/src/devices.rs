@@ -61,6 +61,22 @@ macro_rules! __devices_tests {
                     };
                     b.copy_from_device(&a, 4096).unwrap();
                     assert_eq!($crate::read(&b, 4096), vec![0x5Au8; 4096]);
+                    let device_of = |p: &gpumem::MemoryPointer| {
+                        <gpumem::DefaultBackend as gpumem::core::DeviceOps>::pointer_device(p.ptr()).unwrap()
+                    };
+                    assert_eq!((device_of(&a), device_of(&b)), (Some(0), Some(1)));
+                    // And back, asynchronously, on a stream of device 1.
+                    let pattern: Vec<u8> = (0..4096).map(|i| (i % 251) as u8).collect();
+                    b.copy_from_host(&pattern, 4096).unwrap();
+                    a.memset(0, 4096).unwrap();
+                    {
+                        let _d = Device::new(1).enter().unwrap();
+                        let s1 = Stream::non_blocking().unwrap();
+                        assert_eq!(s1.device_id(), Some(1));
+                        a.copy_from_device_async(&b, 4096, Some(&s1)).unwrap();
+                        s1.synchronize().unwrap();
+                    }
+                    assert_eq!($crate::read(&a, 4096), pattern);
                 }
             }
         }

@@ -64,7 +64,14 @@ macro_rules! __pool_tests {
                     let err = pool.malloc(total * 4).unwrap_err();
                     assert!(matches!(err, Error::OutOfMemory { .. }), "{err:?}");
                     assert_eq!(pool.total_bytes(), 0, "nothing is held after the failure");
-                    pool.malloc(U).unwrap();
+                    // The runtime's own allocation too: out of memory, with the size asked for.
+                    match gpumem::Memory::new(total * 4) {
+                        Err(Error::OutOfMemory { size, total: None }) => assert_eq!(size, total * 4),
+                        other => panic!("expected OutOfMemory from the runtime, got {other:?}"),
+                    }
+                    let p = pool.malloc(U).unwrap();
+                    p.memset(3, U).unwrap();
+                    assert_eq!($crate::read(&p, U), vec![3u8; U], "the device stays usable");
                 }
             }
         }
