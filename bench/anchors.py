@@ -212,6 +212,10 @@ def timed_replays(once):
     return first
 
 
+class _CountedMemory(cp.cuda.Memory):
+    """cupy.cuda.Memory, weakly referenceable, so its frees can be counted."""
+
+
 def cupy_replay_once(steps, second, in_use, streams):
     counts = {"allocs": 0, "frees": 0}
 
@@ -219,7 +223,9 @@ def cupy_replay_once(steps, second, in_use, streams):
         counts["frees"] += 1
 
     def counting(size):
-        mem = cp.cuda.Memory(size)
+        # cupy.cuda.Memory is an extension type without weak references; a Python subclass has
+        # them, and frees the same way.
+        mem = _CountedMemory(size)
         counts["allocs"] += 1
         weakref.finalize(mem, freed)
         return cp.cuda.MemoryPointer(mem, 0)
