@@ -598,6 +598,20 @@ impl GraphOps for Auto {
     ///
     /// # Errors
     ///
+    /// As [`Self::capture_status`].
+    unsafe fn capture_id(dev: DeviceId, stream: AutoStream) -> Result<Option<u64>> {
+        if !Self::CAPS.capture {
+            return Err(no_capture("capture_id"));
+        }
+        // SAFETY: forwarded: the handle is live.
+        on_chosen!(B => unsafe { B::capture_id(dev, B::stream(stream)?) })
+    }
+    /// # Safety
+    ///
+    /// The stream is live.
+    ///
+    /// # Errors
+    ///
     /// As [`Self::begin_capture`], also for a foreign graph.
     unsafe fn graph_launch(dev: DeviceId, graph: &AutoGraph, stream: AutoStream) -> Result<()> {
         if !Self::CAPS.capture {

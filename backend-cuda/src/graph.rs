@@ -117,6 +117,32 @@ impl GraphOps for Cuda {
         }
     }
 
+    /// The capture's id (`cuStreamGetCaptureInfo_v2`, in every driver from CUDA 11.3 on).
+    ///
+    /// # Errors
+    ///
+    /// The driver's error, as for [`capture_status`](Self::capture_status).
+    unsafe fn capture_id(dev: DeviceId, stream: CudaStream) -> Result<Option<u64>> {
+        make_current(dev)?;
+        let mut status: c_uint = 0;
+        let mut id: u64 = 0;
+        // SAFETY: a context is current; the handle is live; `status` has the size and alignment
+        // of the C enum the driver writes, `id` of its `cuuint64_t`; the other outputs are
+        // optional and not asked for (null).
+        let r = unsafe {
+            sys::cuStreamGetCaptureInfo_v2(
+                stream.0,
+                &mut status,
+                &mut id,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
+        check("cuStreamGetCaptureInfo_v2", r)?;
+        Ok((status != 0).then_some(id))
+    }
+
     /// Launches the graph on the stream.
     ///
     /// # Errors

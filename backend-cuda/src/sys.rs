@@ -251,6 +251,14 @@ driver_api! {
     fn cuStreamBeginCapture_v2(stream: CUstream, mode: c_int);
     fn cuStreamEndCapture(stream: CUstream, graph: *mut CUgraph);
     fn cuStreamIsCapturing(stream: CUstream, status: *mut c_uint);
+    fn cuStreamGetCaptureInfo_v2(
+        stream: CUstream,
+        status: *mut c_uint,
+        id: *mut u64,
+        graph: *mut CUgraph,
+        dependencies: *mut *const c_void,
+        n_dependencies: *mut usize,
+    );
     fn cuGraphInstantiateWithFlags(exec: *mut CUgraphExec, graph: CUgraph, flags: c_ulonglong);
     fn cuGraphLaunch(exec: CUgraphExec, stream: CUstream);
     fn cuGraphUpload(exec: CUgraphExec, stream: CUstream);

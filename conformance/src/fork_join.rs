@@ -83,6 +83,31 @@ macro_rules! __fork_join_tests {
                     assert_eq!(read(&b, 512), [1u8; 512]);
                 }
 
+                fn a_graph_owns_what_its_forked_streams_touched() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let pool = gpumem::MemoryPool::new();
+                    let token = Arc::new(());
+                    let (origin, joined) = forked();
+                    let b = pool.malloc(4096).unwrap();
+                    b.memset_async(6, 4096, Some(&joined)).unwrap();
+                    let t = Arc::clone(&token);
+                    joined.launch_host_func(move || drop(&t)).unwrap();
+                    join(&origin, &joined);
+                    drop(b);
+                    let graph = origin.end_capture().unwrap();
+                    assert_eq!(pool.used_bytes(), 4096, "the graph keeps the chunk its forked stream writes");
+                    assert_eq!(Arc::strong_count(&token), 2, "and the host function it calls");
+                    graph.launch(Some(&origin)).unwrap();
+                    origin.synchronize().unwrap();
+                    drop(graph);
+                    joined.synchronize().unwrap();
+                    assert_eq!(pool.used_bytes(), 0, "dropping the graph gives the chunk back");
+                    assert_eq!(Arc::strong_count(&token), 1, "and drops the host function");
+                }
+
                 fn a_fork_that_captured_work_must_be_joined() {
                     let _serial = $crate::capture_lock();
                     if !supports_capture() {

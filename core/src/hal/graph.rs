@@ -41,6 +41,24 @@ pub trait GraphOps: Api {
     /// `Unsupported` on a backend without capture; the runtime's error (for instance an
     /// implicit-synchronisation conflict with a capturing blocking stream).
     unsafe fn capture_status(dev: DeviceId, stream: Self::Stream) -> Result<CaptureStatus>;
+    /// The capture `stream` takes part in, as a number the stream that began it shares with every
+    /// stream that joined it through an event; `None` when the stream does not capture. The
+    /// default, for a backend that cannot tell captures apart, answers `None`: the typed layer
+    /// then holds what a joined stream's work touches for good, instead of handing it to the
+    /// graph.
+    ///
+    /// # Safety
+    ///
+    /// `stream` is 0, 1, 2 or a live stream of this backend, not destroyed (see the
+    /// [contract](crate::hal#safety)).
+    ///
+    /// # Errors
+    ///
+    /// The runtime's error, as for [`GraphOps::capture_status`].
+    unsafe fn capture_id(dev: DeviceId, stream: Self::Stream) -> Result<Option<u64>> {
+        let _ = (dev, stream);
+        Ok(None)
+    }
     /// Launches the graph on `stream`.
     ///
     /// # Safety

@@ -94,6 +94,11 @@ impl Sequence {
         })
     }
 
+    /// The capture's identity (what `cuStreamGetCaptureInfo` calls its id).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
+
     pub(crate) fn is_origin(&self, stream: StreamKey) -> bool {
         self.origin == stream
     }

@@ -41,6 +41,12 @@ impl GraphOps for Host {
             Target::Worker(w) => Ok(w.capture_status()),
         }
     }
+    unsafe fn capture_id(dev: DeviceId, stream: HostStream) -> Result<Option<u64>> {
+        match target("cuStreamGetCaptureInfo", dev, stream)? {
+            Target::Legacy => implicit_capture(dev, "cuStreamGetCaptureInfo").map(|()| None),
+            Target::Worker(w) => Ok(w.capture_id()),
+        }
+    }
     unsafe fn graph_launch(dev: DeviceId, graph: &HostGraph, stream: HostStream) -> Result<()> {
         let ops = Arc::clone(&graph.0);
         enqueue("cuGraphLaunch", dev, stream, Arc::new(move || ops.iter().for_each(|op| op())))

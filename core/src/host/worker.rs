@@ -302,6 +302,11 @@ impl Worker {
         }
     }
 
+    /// The identity of the capture this stream takes part in.
+    pub(crate) fn capture_id(&self) -> Option<u64> {
+        lock(&self.state).live_capture().map(|c| c.id())
+    }
+
     /// Invalidates an active capture; returns whether there was one.
     fn invalidate_capture(&self) -> bool {
         match lock(&self.state).live_capture() {

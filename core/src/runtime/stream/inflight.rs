@@ -17,9 +17,12 @@
 //! program. Memory reached only through raw addresses (a kernel of the program's own) is kept
 //! with [`MemoryPointer::record_stream`](crate::MemoryPointer::record_stream).
 //!
-//! A capture that gpumem did not begin (a foreign library's, or a stream that joined a gpumem
-//! capture through an event) cannot hand what it keeps to a graph gpumem knows: those keeps are
-//! held until the process ends (safe, at the price of the memory).
+//! A stream that joined a gpumem capture through an event (a fork) captures into the same graph:
+//! what its work touches goes to that graph too, found by the capture's id
+//! ([`GraphOps::capture_id`](crate::hal::GraphOps::capture_id)). A capture gpumem did not begin
+//! (a foreign library's, or one on a backend that cannot name its captures) cannot hand what it
+//! keeps to a graph gpumem knows: those keeps are held until the process ends (safe, at the price
+//! of the memory).
 
 use std::any::Any;
 use std::collections::HashMap;
@@ -73,15 +76,46 @@ pub(crate) struct CaptureRecord {
     pub(crate) ranges: Vec<Range>,
 }
 
+/// The captures gpumem began: their records by the identity of the stream that began them, and
+/// that stream by the capture's id (where the backend names its captures).
+#[derive(Default)]
+pub(crate) struct Captures {
+    by_stream: HashMap<ArenaKey, Mutex<CaptureRecord>>,
+    by_id: HashMap<u64, ArenaKey>,
+}
+
+impl Captures {
+    /// The record the work of `target` goes to, when it is capturing into a capture gpumem began:
+    /// its own, or (for a stream that joined one) that of the stream that began it. The second
+    /// value says whether `target` is capturing at all.
+    ///
+    /// # Safety
+    ///
+    /// `target.handle` is live for this call.
+    unsafe fn of<B: Runtime>(&self, target: &Target<B>) -> (Option<ArenaKey>, bool) {
+        if self.by_stream.contains_key(&target.identity) {
+            return (Some(target.identity), true);
+        }
+        // SAFETY: the caller keeps the handle live.
+        let status = unsafe { B::capture_status(target.device, target.handle) };
+        if !matches!(status, Ok(CaptureStatus::Active)) {
+            return (None, false);
+        }
+        // SAFETY: as above.
+        let id = unsafe { B::capture_id(target.device, target.handle) }.ok().flatten();
+        (id.and_then(|id| self.by_id.get(&id).copied()), true)
+    }
+}
+
 /// The per-backend state of the ownership model (in the backend's globals).
 pub(crate) struct InFlight<B: Runtime> {
     entries: Mutex<Vec<Entry<B>>>,
     n_entries: AtomicUsize,
     spare: Mutex<Vec<Event<B>>>,
-    /// The captures gpumem began, by stream identity. Asynchronous operations take the read lock
-    /// while they queue and keep, `begin_capture`/`end_capture` the write lock, so an operation
-    /// is kept by the capture it was captured into, never by an event recorded inside it.
-    captures: RwLock<HashMap<ArenaKey, Mutex<CaptureRecord>>>,
+    /// The captures gpumem began. Asynchronous operations take the read lock while they queue
+    /// and keep, `begin_capture`/`end_capture` the write lock, so an operation is kept by the
+    /// capture it was captured into, never by an event recorded inside it.
+    captures: RwLock<Captures>,
     n_captures: AtomicUsize,
     /// Keeps of captures gpumem did not begin: held for good.
     orphans: Mutex<Vec<Keep>>,
@@ -93,7 +127,7 @@ impl<B: Runtime> InFlight<B> {
             entries: Mutex::new(Vec::new()),
             n_entries: AtomicUsize::new(0),
             spare: Mutex::new(Vec::new()),
-            captures: RwLock::new(HashMap::new()),
+            captures: RwLock::new(Captures::default()),
             n_captures: AtomicUsize::new(0),
             orphans: Mutex::new(Vec::new()),
         }
@@ -108,9 +142,12 @@ fn overlaps(a: Range, b: Range) -> bool {
 /// the operation is queued until what it touches is kept.
 pub(crate) struct Queueing<'a, B: Runtime> {
     target: Target<B>,
-    captures: Option<RwLockReadGuard<'a, HashMap<ArenaKey, Mutex<CaptureRecord>>>>,
+    captures: Option<RwLockReadGuard<'a, Captures>>,
     /// The stream is capturing (gpumem's capture or a foreign one).
     capturing: bool,
+    /// The record of gpumem's capture the operation goes to (by the identity of the stream that
+    /// began it); `None` for a foreign capture.
+    record: Option<ArenaKey>,
 }
 
 /// Prepares an asynchronous operation on `target` touching `ranges`: takes the capture lock, and
@@ -124,14 +161,10 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
     collect::<B>();
     let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0)
         .then(|| inflight.captures.read_recursive());
-    let capturing = match &captures {
-        Some(map) if map.contains_key(&target.identity) => true,
-        Some(_) => {
-            // SAFETY: the caller keeps the handle live.
-            let status = unsafe { B::capture_status(target.device, target.handle) };
-            matches!(status, Ok(CaptureStatus::Active))
-        }
-        None => false,
+    let (record, capturing) = match &captures {
+        // SAFETY: the caller keeps the handle live.
+        Some(map) => unsafe { map.of(&target) },
+        None => (None, false),
     };
     if !capturing && !ranges.is_empty() && inflight.n_entries.load(Ordering::Acquire) > 0 {
         let waits: Vec<Event<B>> = inflight
@@ -149,7 +182,7 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
             unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
         }
     }
-    Ok(Queueing { target, captures, capturing })
+    Ok(Queueing { target, captures, capturing, record })
 }
 
 impl<B: Runtime> Queueing<'_, B> {
@@ -163,7 +196,9 @@ impl<B: Runtime> Queueing<'_, B> {
     pub(crate) fn keep(self, keeps: Vec<Keep>, ranges: Vec<Range>) -> Result<()> {
         let inflight = &B::globals().inflight;
         if self.capturing {
-            match self.captures.as_ref().and_then(|map| map.get(&self.target.identity)) {
+            let record =
+                self.record.and_then(|r| self.captures.as_ref().and_then(|map| map.by_stream.get(&r)));
+            match record {
                 Some(record) => {
                     let mut record = record.lock();
                     record.keeps.extend(keeps);
@@ -308,24 +343,28 @@ pub(crate) fn wait_all<B: Runtime>() {
 }
 
 /// Registers a capture begun by gpumem on stream `identity`; `start` begins it in the runtime,
-/// under the registry's write lock.
+/// under the registry's write lock, and gives the capture's id where the backend names captures.
 pub(crate) fn begin_capture<B: Runtime>(
     identity: ArenaKey,
-    start: impl FnOnce() -> Result<()>,
+    start: impl FnOnce() -> Result<Option<u64>>,
 ) -> Result<()> {
     if crate::runtime::stream::callback::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
     }
     let inflight = &B::globals().inflight;
     let mut map = inflight.captures.write();
-    start()?;
-    map.insert(identity, Mutex::new(CaptureRecord::default()));
-    inflight.n_captures.store(map.len(), Ordering::Release);
+    let id = start()?;
+    map.by_stream.insert(identity, Mutex::new(CaptureRecord::default()));
+    if let Some(id) = id {
+        map.by_id.insert(id, identity);
+    }
+    inflight.n_captures.store(map.by_stream.len(), Ordering::Release);
     Ok(())
 }
 
 /// Ends the capture on stream `identity`: `end` ends it in the runtime; its record goes to the
-/// graph. The record is removed even when `end` fails (the capture is over either way).
+/// graph. The record is removed even when `end` fails (the capture is over either way), unless
+/// `identity` did not begin it (the runtime refused the end, and the capture goes on).
 pub(crate) fn end_capture<B: Runtime, G>(
     identity: ArenaKey,
     end: impl FnOnce() -> Result<G>,
@@ -336,8 +375,9 @@ pub(crate) fn end_capture<B: Runtime, G>(
     let inflight = &B::globals().inflight;
     let mut map = inflight.captures.write();
     let result = end();
-    let record = map.remove(&identity).map(Mutex::into_inner).unwrap_or_default();
-    inflight.n_captures.store(map.len(), Ordering::Release);
+    let record = map.by_stream.remove(&identity).map(Mutex::into_inner).unwrap_or_default();
+    map.by_id.retain(|_, origin| *origin != identity);
+    inflight.n_captures.store(map.by_stream.len(), Ordering::Release);
     drop(map);
     match result {
         Ok(graph) => Ok((graph, record)),
@@ -361,13 +401,12 @@ pub(crate) fn with_capture_of<B: Runtime, T>(
         return f(None, false);
     }
     let map = inflight.captures.read_recursive();
-    if let Some(record) = map.get(&target.identity) {
-        return f(Some(&mut record.lock()), true);
-    }
     // SAFETY: `with_capture_of`'s callers pass a handle live for this call.
-    let foreign =
-        matches!(unsafe { B::capture_status(target.device, target.handle) }, Ok(CaptureStatus::Active));
-    f(None, foreign)
+    let (record, capturing) = unsafe { map.of(&target) };
+    match record.and_then(|r| map.by_stream.get(&r)) {
+        Some(record) => f(Some(&mut record.lock()), true),
+        None => f(None, capturing),
+    }
 }
 
 /// Holds `keep` for good: for what a foreign capture may reach.

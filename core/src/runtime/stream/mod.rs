@@ -524,7 +524,11 @@ impl<B: Runtime> Stream<B> {
         }
         inflight::begin_capture::<B>(self.arena_key(), || {
             // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
-            unsafe { B::begin_capture(self.run_device(), self.inner.handle, mode.unwrap_or_default()) }
+            unsafe { B::begin_capture(self.run_device(), self.inner.handle, mode.unwrap_or_default()) }?;
+            // The capture's id finds it from streams that join it. A backend that cannot tell
+            // (or fails to) leaves their work to be held for good, which is safe.
+            // SAFETY: as above.
+            Ok(unsafe { B::capture_id(self.run_device(), self.inner.handle) }.ok().flatten())
         })
     }
 
