@@ -550,6 +550,33 @@ fn graphs(report: &mut Report) {
             (&buf + (i * SIZE) as isize).memset_async(i as u8, SIZE, Some(&s)).unwrap();
         }
     });
+    // What keeping memory alive for queued work costs an eager operation: the same memsets
+    // through the typed API and as raw driver calls, in one run.
+    let (d, h) = (dev(), s.handle());
+    let (typed, raw) = device_ms_pair(
+        &s,
+        || {
+            for i in 0..OPS {
+                (&buf + (i * SIZE) as isize).memset_async(i as u8, SIZE, Some(&s)).unwrap();
+            }
+        },
+        || {
+            for i in 0..OPS {
+                // SAFETY: the range lies in `buf`, alive until the work is done (`device_ms_pair`
+                // synchronises the stream).
+                unsafe { B::memset_async(d, buf.ptr() + i * SIZE, i as u8, SIZE, h).unwrap() };
+            }
+        },
+    );
+    report.add(
+        "transfers",
+        format!("{OPS} eager memset_async of {SIZE} B, per operation"),
+        typed * 1e3 / OPS as f64,
+        "cuMemsetD8Async",
+        Some(raw * 1e3 / OPS as f64),
+        "us",
+        true,
+    );
     let typed_graph = (|| {
         s.begin_capture(None)?;
         for i in 0..OPS {
@@ -561,7 +588,6 @@ fn graphs(report: &mut Report) {
         eprintln!("  (no capture on this backend: skipped)");
         return;
     };
-    let (d, h) = (dev(), s.handle());
     // SAFETY: `s` outlives every use of its handle `h` below.
     unsafe { B::begin_capture(d, h, gpumem::CaptureMode::Relaxed).unwrap() };
     for i in 0..OPS {

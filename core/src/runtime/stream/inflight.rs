@@ -25,7 +25,7 @@
 //! of the memory).
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -62,11 +62,29 @@ impl<B: Runtime> Clone for Target<B> {
 impl<B: Runtime> Copy for Target<B> {}
 
 struct Entry<B: Runtime> {
-    stream: ArenaKey,
     event: Event<B>,
     keeps: Vec<Keep>,
     ranges: Vec<Range>,
 }
+
+/// The entries of each stream in queueing order. A stream's events complete in that order, so
+/// releasing what finished looks at the front of each queue only, and an operation on one stream
+/// scans the other streams' queues only.
+struct Queues<B: Runtime> {
+    by_stream: HashMap<ArenaKey, VecDeque<Entry<B>>>,
+    len: usize,
+}
+
+impl<B: Runtime> Queues<B> {
+    fn all(&self) -> impl Iterator<Item = &Entry<B>> {
+        self.by_stream.values().flatten()
+    }
+}
+
+/// How many entries may wait before an operation being queued releases the finished ones
+/// (`synchronize`, a pool about to grow and a synchronous access on the same bytes release them
+/// at once). Asking the runtime about events on every operation would cost a query each.
+const COLLECT_AT: usize = 16;
 
 /// What a capture begun by gpumem collects for its graph.
 #[derive(Default)]
@@ -109,7 +127,7 @@ impl Captures {
 
 /// The per-backend state of the ownership model (in the backend's globals).
 pub(crate) struct InFlight<B: Runtime> {
-    entries: Mutex<Vec<Entry<B>>>,
+    entries: Mutex<Queues<B>>,
     n_entries: AtomicUsize,
     spare: Mutex<Vec<Event<B>>>,
     /// The captures gpumem began. Asynchronous operations take the read lock while they queue
@@ -124,7 +142,7 @@ pub(crate) struct InFlight<B: Runtime> {
 impl<B: Runtime> InFlight<B> {
     pub(crate) fn new() -> Self {
         InFlight {
-            entries: Mutex::new(Vec::new()),
+            entries: Mutex::new(Queues { by_stream: HashMap::new(), len: 0 }),
             n_entries: AtomicUsize::new(0),
             spare: Mutex::new(Vec::new()),
             captures: RwLock::new(Captures::default()),
@@ -158,7 +176,11 @@ pub(crate) struct Queueing<'a, B: Runtime> {
 /// `target.handle` is live for as long as the returned value.
 pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> Result<Queueing<'static, B>> {
     let inflight = &B::globals().inflight;
-    collect::<B>();
+    if inflight.n_entries.load(Ordering::Relaxed) >= COLLECT_AT {
+        collect::<B>();
+    } else if !crate::runtime::stream::callback::in_callback() {
+        crate::runtime::state::run_deferred::<B>();
+    }
     let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0)
         .then(|| inflight.captures.read_recursive());
     let (record, capturing) = match &captures {
@@ -170,11 +192,11 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
         let waits: Vec<Event<B>> = inflight
             .entries
             .lock()
+            .by_stream
             .iter()
-            .filter(|e| {
-                e.stream != target.identity
-                    && e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q)))
-            })
+            .filter(|(stream, _)| **stream != target.identity)
+            .flat_map(|(_, queue)| queue)
+            .filter(|e| e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
             .map(|e| e.event.clone())
             .collect();
         for event in waits {
@@ -222,8 +244,9 @@ impl<B: Runtime> Queueing<'_, B> {
             return Err(e);
         }
         let mut entries = inflight.entries.lock();
-        entries.push(Entry { stream: self.target.identity, event, keeps, ranges });
-        inflight.n_entries.store(entries.len(), Ordering::Release);
+        entries.by_stream.entry(self.target.identity).or_default().push_back(Entry { event, keeps, ranges });
+        entries.len += 1;
+        inflight.n_entries.store(entries.len, Ordering::Release);
         Ok(())
     }
 }
@@ -249,24 +272,16 @@ pub(crate) fn collect<B: Runtime>() {
     if inflight.n_entries.load(Ordering::Acquire) > 0 {
         let done: Vec<Entry<B>> = {
             let mut entries = inflight.entries.lock();
-            // Entries are in queueing order, and a stream's events complete in that order: past
-            // a stream's first unfinished entry, its later ones are not asked. A pass asks the
-            // runtime once per finished entry and once per stream.
-            let mut blocked: Vec<ArenaKey> = Vec::new();
+            // A pass asks the runtime once per finished entry and once per stream.
             let mut done = Vec::new();
-            let mut kept = Vec::with_capacity(entries.len());
-            for entry in entries.drain(..) {
-                if blocked.contains(&entry.stream) {
-                    kept.push(entry);
-                } else if entry.event.query().unwrap_or(false) {
-                    done.push(entry);
-                } else {
-                    blocked.push(entry.stream);
-                    kept.push(entry);
+            entries.by_stream.retain(|_, queue| {
+                while queue.front().is_some_and(|e| e.event.query().unwrap_or(false)) {
+                    done.extend(queue.pop_front());
                 }
-            }
-            *entries = kept;
-            inflight.n_entries.store(entries.len(), Ordering::Release);
+                !queue.is_empty()
+            });
+            entries.len -= done.len();
+            inflight.n_entries.store(entries.len, Ordering::Release);
             done
         };
         release(done);
@@ -311,7 +326,7 @@ pub(crate) fn wait_for<B: Runtime>(ranges: &[Range]) -> Result<()> {
     let waits: Vec<Event<B>> = inflight
         .entries
         .lock()
-        .iter()
+        .all()
         .filter(|e| e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
         .map(|e| e.event.clone())
         .collect();
@@ -333,8 +348,7 @@ pub(crate) fn wait_all<B: Runtime>() {
     if crate::runtime::stream::callback::in_callback() {
         return;
     }
-    let events: Vec<Event<B>> =
-        B::globals().inflight.entries.lock().iter().map(|e| e.event.clone()).collect();
+    let events: Vec<Event<B>> = B::globals().inflight.entries.lock().all().map(|e| e.event.clone()).collect();
     for e in events {
         // A failed wait (a lost device) leaves the entry for `collect` to judge.
         let _ = e.synchronize();
