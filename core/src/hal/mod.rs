@@ -75,7 +75,7 @@ pub use graph::GraphOps;
 pub use memory::MemoryOps;
 pub use stream::StreamOps;
 pub use types::{
-    Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
+    AsyncPoolAttribute, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
     StreamCallback, StreamFlags,
 };
 pub use vmm::{PhysicalHandle, VirtualMemoryOps};

@@ -27,6 +27,8 @@ struct Capture {
     #[allow(dead_code)] // the host backend treats every mode as relaxed; kept for debugging
     mode: CaptureMode,
     ops: Vec<Op>,
+    /// The API name of each recorded operation, for the graph's DOT text.
+    names: Vec<&'static str>,
     invalidated: bool,
 }
 
@@ -132,6 +134,7 @@ impl Worker {
                 return Err(err(api, Code::StreamCaptureInvalidated, None));
             }
             capture.ops.push(op);
+            capture.names.push(api);
             return Ok(());
         }
         self.push(st, Task::Op(op));
@@ -212,18 +215,19 @@ impl Worker {
                 Some("the stream is already capturing".into()),
             ));
         }
-        st.capture = Some(Capture { mode, ops: Vec::new(), invalidated: false });
+        st.capture = Some(Capture { mode, ops: Vec::new(), names: Vec::new(), invalidated: false });
         Ok(())
     }
 
-    pub(crate) fn end_capture(&self) -> Result<Vec<Op>> {
+    /// Ends the capture: its operations and their API names, in order.
+    pub(crate) fn end_capture(&self) -> Result<(Vec<Op>, Vec<&'static str>)> {
         let mut st = lock(&self.state);
         match st.capture.take() {
             None => {
                 Err(err("cuStreamEndCapture", Code::IllegalState, Some("the stream is not capturing".into())))
             }
             Some(c) if c.invalidated => Err(err("cuStreamEndCapture", Code::StreamCaptureInvalidated, None)),
-            Some(c) => Ok(c.ops),
+            Some(c) => Ok((c.ops, c.names)),
         }
     }
 
