@@ -154,10 +154,9 @@ impl GraphOps for Cuda {
         make_current(dev)?;
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let path = std::env::temp_dir().join(format!("gpumem-graph-{}-{n}.dot", std::process::id()));
-        let c_path = path
-            .to_str()
-            .and_then(|p| std::ffi::CString::new(p).ok())
-            .ok_or_else(|| Error::InvalidArgument(format!("temporary file path {} is not usable", path.display())))?;
+        let c_path = path.to_str().and_then(|p| std::ffi::CString::new(p).ok()).ok_or_else(|| {
+            Error::InvalidArgument(format!("temporary file path {} is not usable", path.display()))
+        })?;
         // SAFETY: the graph is live (borrowed); `c_path` is a NUL-terminated path that outlives
         // the call; the driver only writes the file it names.
         let printed = check("cuGraphDebugDotPrint", unsafe {

@@ -51,7 +51,11 @@ fn prepare_async_pool(dev: DeviceId, operation: &'static str) -> Result<hipMemPo
         None => {
             let supported = device::memory_pools_supported(dev)?;
             if supported {
-                set_pool_attribute(default_pool(dev)?, hipMemPoolAttr::hipMemPoolAttrReleaseThreshold, u64::MAX)?;
+                set_pool_attribute(
+                    default_pool(dev)?,
+                    hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                    u64::MAX,
+                )?;
             }
             // Two threads may both get here; raising the threshold twice is harmless.
             if let Some(slot) = slot {

@@ -93,6 +93,23 @@ macro_rules! __async_pool_tests {
                     );
                 }
 
+                fn free_all_blocks_frees_what_queued_work_held() {
+                    let _serial = $crate::async_pool_lock();
+                    if !supported() {
+                        return;
+                    }
+                    let pool = MemoryAsyncPool::new().unwrap();
+                    let s = Stream::non_blocking().unwrap();
+                    let _g = s.enter().unwrap();
+                    s.synchronize().unwrap();
+                    let used_before = pool.used_bytes().unwrap();
+                    let p = pool.malloc(1 << 20).unwrap();
+                    p.memset_async(1, 1 << 20, None).unwrap();
+                    drop(p); // the memset may still be queued: the memory is freed after it
+                    pool.free_all_blocks(None).unwrap();
+                    assert_eq!(pool.used_bytes().unwrap(), used_before);
+                }
+
                 fn memory_async_pool_is_an_allocator() {
                     let _serial = $crate::async_pool_lock();
                     if !supported() {

@@ -63,9 +63,9 @@ pub mod host;
 
 pub use error::{Error, HookError, Result};
 pub use hal::{
-    Api, AsyncPoolAttribute, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps, DeviceProperties, DevicePtr,
-    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle, StreamCallback, StreamFlags,
-    StreamOps, VirtualMemoryOps,
+    Api, AsyncPoolAttribute, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps,
+    DeviceProperties, DevicePtr, EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle,
+    StreamCallback, StreamFlags, StreamOps, VirtualMemoryOps,
 };
 pub use hooks::{AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use pool::{
@@ -86,7 +86,8 @@ pub use runtime::pinned::{
 };
 pub use runtime::pointer::MemoryPointer;
 pub use runtime::pools::{
-    malloc_async, DeviceAllocator, FnAllocator, MemoryAsync, MemoryAsyncPool, MemoryPool, SingleDeviceMemoryPool,
+    malloc_async, DeviceAllocator, FnAllocator, MemoryAsync, MemoryAsyncPool, MemoryPool,
+    SingleDeviceMemoryPool,
 };
 pub use runtime::state::{take_deferred_error, Runtime};
 pub use runtime::stream::event::{get_elapsed_time, Event};

@@ -65,8 +65,7 @@ fn env_number(
 /// `InvalidEnvironment` for a malformed value (every call reports it).
 pub(crate) fn device_count_checked() -> Result<usize> {
     static N: OnceLock<Result<usize>> = OnceLock::new();
-    N.get_or_init(|| Ok(env_number(DEVICES_ENV, DEVICES_FORMS, 1..=64)?.unwrap_or(DEFAULT_DEVICES)))
-        .clone()
+    N.get_or_init(|| Ok(env_number(DEVICES_ENV, DEVICES_FORMS, 1..=64)?.unwrap_or(DEFAULT_DEVICES))).clone()
 }
 
 /// The number of simulated devices, for the backend's own tables: the default when the variable

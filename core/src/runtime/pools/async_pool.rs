@@ -149,7 +149,12 @@ impl<B: Runtime> Drop for MemoryAsync<B> {
         if self.ptr == 0 {
             return;
         }
-        let free = PendingFree { ptr: self.ptr, size: self.size, device: self.device_id, stream: self.stream.clone() };
+        let free = PendingFree {
+            ptr: self.ptr,
+            size: self.size,
+            device: self.device_id,
+            stream: self.stream.clone(),
+        };
         drop_outside_callbacks::<B>(move || {
             if let Some(held) = free.try_free() {
                 hold(held);
@@ -341,15 +346,19 @@ impl<B: Runtime> MemoryAsyncPool<B> {
     /// done, and releases the current device's free pool memory to the system
     /// (`cuMemPoolTrimTo(pool, 0)`), as CuPy's `free_all_blocks`.
     ///
+    /// Memory the program dropped while work on it was queued is freed only once that work is
+    /// done, which the first synchronisation finds out; its free then goes to its own stream, so
+    /// the stream is synchronised a second time before the trim (for memory allocated on another
+    /// stream, the trim takes it once that stream has reached the free).
+    ///
     /// # Errors
     ///
     /// The runtime's error synchronising or trimming.
     pub fn free_all_blocks(&self, stream: Option<&Stream<B>>) -> Result<()> {
+        let stream = stream.cloned().unwrap_or_else(Stream::current);
+        stream.synchronize()?;
         retry_pending_frees();
-        match stream {
-            Some(s) => s.synchronize()?,
-            None => Stream::<B>::current().synchronize()?,
-        }
+        stream.synchronize()?;
         B::async_pool_trim_to(current_device::<B>(), 0)
     }
 

@@ -257,7 +257,11 @@ fn limit_sequences() {
     pool.set_limit(Limit::Fraction(0.5)).unwrap();
     assert_eq!(pool.get_limit().unwrap(), Host::mem_get_info(0).unwrap().total / 2);
     assert!(pool.set_limit(Limit::Fraction(1.5)).is_err());
-    assert_eq!(pool.get_limit().unwrap(), Host::mem_get_info(0).unwrap().total / 2, "a refused limit changes nothing");
+    assert_eq!(
+        pool.get_limit().unwrap(),
+        Host::mem_get_info(0).unwrap().total / 2,
+        "a refused limit changes nothing"
+    );
 }
 
 #[test]
