@@ -46,6 +46,9 @@ macro_rules! __async_pool_tests {
 
                     let m = MemoryAsync::new(512, Some(&s)).unwrap();
                     assert_eq!(m.stream(), &s);
+                    // The frees run on `s`: done before the next test reads the statistics.
+                    drop((p, zero, m));
+                    s.synchronize().unwrap();
                 }
 
                 fn memory_async_pool_statistics_limit_and_trim() {
@@ -121,6 +124,8 @@ macro_rules! __async_pool_tests {
                     assert_eq!((p.size(), p.mem().identity()), (512, "MemoryAsync"));
                     let b = gpumem::DeviceBuffer::<f32>::from_slice(&[1.0, 2.0, 3.0]).unwrap();
                     assert_eq!(b.to_vec().unwrap(), vec![1.0, 2.0, 3.0]);
+                    drop((p, b));
+                    Stream::current().synchronize().unwrap();
                 }
 
                 fn async_free_waits_for_queued_work_of_another_stream() {
