@@ -297,6 +297,24 @@ impl MemoryOps for Auto {
         // live and its own.
         on_chosen!(B => unsafe { B::free_async(dev, ptr, B::stream(stream)?) })
     }
+    /// # Errors
+    ///
+    /// The choice's error; the chosen backend's.
+    fn async_pool_attribute(dev: DeviceId, attribute: gpumem_core::AsyncPoolAttribute) -> Result<u64> {
+        on_chosen!(B => B::async_pool_attribute(dev, attribute))
+    }
+    /// # Errors
+    ///
+    /// The choice's error; the chosen backend's.
+    fn async_pool_set_release_threshold(dev: DeviceId, bytes: u64) -> Result<()> {
+        on_chosen!(B => B::async_pool_set_release_threshold(dev, bytes))
+    }
+    /// # Errors
+    ///
+    /// The choice's error; the chosen backend's.
+    fn async_pool_trim_to(dev: DeviceId, keep: usize) -> Result<()> {
+        on_chosen!(B => B::async_pool_trim_to(dev, keep))
+    }
     /// # Safety
     ///
     /// As [`MemoryOps::memcpy`].
@@ -633,6 +651,15 @@ impl GraphOps for Auto {
         }
         // SAFETY: forwarded: the handles are live.
         on_chosen!(B => unsafe { B::graph_upload(dev, B::graph(graph)?, B::stream(stream)?) })
+    }
+    /// # Errors
+    ///
+    /// As [`Self::graph_launch`].
+    fn graph_debug_dot(dev: DeviceId, graph: &AutoGraph, flags: u32) -> Result<String> {
+        if !Self::CAPS.capture {
+            return Err(no_capture("graph_debug_dot"));
+        }
+        on_chosen!(B => B::graph_debug_dot(dev, B::graph(graph)?, flags))
     }
     /// # Errors
     ///

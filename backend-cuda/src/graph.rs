@@ -25,7 +25,8 @@ pub struct CudaGraph {
 // (launches of one executable graph are ordered by the streams they go to), and destroying takes
 // the value by move, so it happens once, after every borrow.
 unsafe impl Send for CudaGraph {}
-// SAFETY: as for `Send`: `&CudaGraph` only allows launches and uploads.
+// SAFETY: as for `Send`: `&CudaGraph` only allows launches, uploads and DOT dumps (which read
+// the graph).
 unsafe impl Sync for CudaGraph {}
 
 impl CudaGraph {
@@ -164,6 +165,36 @@ impl GraphOps for Cuda {
         make_current(dev)?;
         // SAFETY: as for `graph_launch`.
         check("cuGraphUpload", unsafe { sys::cuGraphUpload(graph.exec, stream.0) })
+    }
+
+    /// The captured graph as DOT text: `cuGraphDebugDotPrint` writes it to a file of its own in
+    /// the temporary directory, which is read and removed (as CuPy's `debug_dot_str`).
+    ///
+    /// # Errors
+    ///
+    /// `InvalidArgument` when the temporary directory's path is not UTF-8 or holds a NUL; the
+    /// driver's error; an I/O error reading the file, as `InvalidArgument` with its text.
+    fn graph_debug_dot(dev: DeviceId, graph: &CudaGraph, flags: u32) -> Result<String> {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(0);
+        make_current(dev)?;
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let path = std::env::temp_dir().join(format!("gpumem-graph-{}-{n}.dot", std::process::id()));
+        let c_path = path.to_str().and_then(|p| std::ffi::CString::new(p).ok()).ok_or_else(|| {
+            Error::InvalidArgument(format!("temporary file path {} is not usable", path.display()))
+        })?;
+        // SAFETY: the graph is live (borrowed); `c_path` is a NUL-terminated path that outlives
+        // the call; the driver only writes the file it names.
+        let printed = check("cuGraphDebugDotPrint", unsafe {
+            sys::cuGraphDebugDotPrint(graph.graph, c_path.as_ptr(), flags as c_uint)
+        });
+        let text = printed.and_then(|()| {
+            std::fs::read_to_string(&path)
+                .map_err(|e| Error::InvalidArgument(format!("reading {}: {e}", path.display())))
+        });
+        // The file is ours; a failed removal leaves a file in the temporary directory, nothing more.
+        let _ = std::fs::remove_file(&path);
+        text
     }
 
     /// Destroys the executable graph and the graph; launches already queued still run.

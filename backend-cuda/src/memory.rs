@@ -14,7 +14,7 @@ use std::ffi::c_void;
 use std::ptr;
 
 use crate::sys::{self, CUdeviceptr, CUmemoryPool};
-use gpumem_core::{DeviceId, DevicePtr, Error, MemoryOps, Result};
+use gpumem_core::{AsyncPoolAttribute, DeviceId, DevicePtr, Error, MemoryOps, Result};
 
 use crate::device::{self, make_current, DeviceSlot};
 use crate::result::{check, check_alloc, BACKEND};
@@ -29,20 +29,21 @@ fn dptr(ptr: DevicePtr) -> CUdeviceptr {
 }
 
 /// Checks that the device has a stream-ordered allocator and, the first time, raises its default
-/// pool's release threshold to `u64::MAX`.
+/// pool's release threshold to `u64::MAX`. Returns the default pool.
 ///
 /// The threshold is how many free bytes the pool keeps at a synchronisation; its default is 0, so
 /// every stream, event or context synchronisation hands all free memory back to the driver, and
 /// the next `cuMemAllocAsync` maps it again, which is slower than `cuMemAlloc`. With the
 /// threshold at its maximum the pool keeps its memory, as CuPy's `MemoryAsyncPool` does by
-/// default, until it is trimmed.
-fn prepare_async_pool(slot: &DeviceSlot) -> Result<()> {
+/// default, until it is trimmed. A threshold set later (`MemoryAsyncPool::set_limit`) is never
+/// undone here: this runs before it, once per device.
+fn prepare_async_pool(slot: &DeviceSlot, operation: &'static str) -> Result<CUmemoryPool> {
     let supported = match slot.async_pool.get() {
         Some(&supported) => supported,
         None => {
             let supported = device::attribute(slot, sys::CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED)? != 0;
             if supported {
-                raise_release_threshold(slot)?;
+                set_pool_attribute(default_pool(slot)?, sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, u64::MAX)?;
             }
             // Two threads may both get here; raising the threshold twice is harmless.
             let _ = slot.async_pool.set(supported);
@@ -50,27 +51,29 @@ fn prepare_async_pool(slot: &DeviceSlot) -> Result<()> {
         }
     };
     if supported {
-        Ok(())
+        default_pool(slot)
     } else {
-        Err(Error::Unsupported { operation: "malloc_async", backend: BACKEND })
+        Err(Error::Unsupported { operation, backend: BACKEND })
     }
 }
 
-/// Sets the release threshold of the device's default memory pool to `u64::MAX`.
-fn raise_release_threshold(slot: &DeviceSlot) -> Result<()> {
+/// The device's default memory pool (the one `cuMemAllocAsync` uses unless a program made another
+/// current with `cuDeviceSetMemPool`).
+fn default_pool(slot: &DeviceSlot) -> Result<CUmemoryPool> {
     let mut pool: CUmemoryPool = ptr::null_mut();
     // SAFETY: the driver is initialised; the handle is the driver's; `pool` is a valid
     // out-pointer.
     check("cuDeviceGetDefaultMemPool", unsafe { sys::cuDeviceGetDefaultMemPool(&mut pool, slot.handle) })?;
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: `pool` is the device's default pool; the release threshold is read from a
-    // `cuuint64_t`, which `threshold` is, and only during the call.
+    Ok(pool)
+}
+
+/// Sets a `cuuint64_t` attribute of `pool`.
+fn set_pool_attribute(pool: CUmemoryPool, attribute: std::ffi::c_int, value: u64) -> Result<()> {
+    let mut value = value;
+    // SAFETY: `pool` is a live pool; the attributes passed here are read from a `cuuint64_t`,
+    // which `value` is, and only during the call.
     check("cuMemPoolSetAttribute", unsafe {
-        sys::cuMemPoolSetAttribute(
-            pool,
-            sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
-            (&mut threshold as *mut u64).cast::<c_void>(),
-        )
+        sys::cuMemPoolSetAttribute(pool, attribute, (&mut value as *mut u64).cast::<c_void>())
     })
 }
 
@@ -147,7 +150,7 @@ impl MemoryOps for Cuda {
     /// `Unsupported` on a device without memory pools; `OutOfMemory`; the driver's error.
     unsafe fn malloc_async(dev: DeviceId, size: usize, stream: CudaStream) -> Result<DevicePtr> {
         let slot = make_current(dev)?;
-        prepare_async_pool(slot)?;
+        prepare_async_pool(slot, "malloc_async")?;
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer; the stream handle is
         // live (the `Backend` contract).
@@ -170,6 +173,49 @@ impl MemoryOps for Cuda {
         // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
         // stream handle is live.
         check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(dptr(ptr), stream.as_raw()) })
+    }
+
+    /// Reads an attribute of `dev`'s default memory pool (`cuMemPoolGetAttribute`).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; the driver's error.
+    fn async_pool_attribute(dev: DeviceId, attribute: AsyncPoolAttribute) -> Result<u64> {
+        let pool = prepare_async_pool(make_current(dev)?, "MemoryAsyncPool")?;
+        let attribute = match attribute {
+            AsyncPoolAttribute::ReleaseThreshold => sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+            AsyncPoolAttribute::ReservedCurrent => sys::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+            AsyncPoolAttribute::UsedCurrent => sys::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        };
+        let mut value: u64 = 0;
+        // SAFETY: `pool` is the device's default pool; these three attributes are written as a
+        // `cuuint64_t`, which `value` is, during the call only.
+        check("cuMemPoolGetAttribute", unsafe {
+            sys::cuMemPoolGetAttribute(pool, attribute, (&mut value as *mut u64).cast::<c_void>())
+        })?;
+        Ok(value)
+    }
+
+    /// Sets the release threshold of `dev`'s default memory pool.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; the driver's error.
+    fn async_pool_set_release_threshold(dev: DeviceId, bytes: u64) -> Result<()> {
+        let pool = prepare_async_pool(make_current(dev)?, "MemoryAsyncPool")?;
+        set_pool_attribute(pool, sys::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, bytes)
+    }
+
+    /// Releases the free memory of `dev`'s default memory pool down to `keep` bytes
+    /// (`cuMemPoolTrimTo`).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; the driver's error.
+    fn async_pool_trim_to(dev: DeviceId, keep: usize) -> Result<()> {
+        let pool = prepare_async_pool(make_current(dev)?, "MemoryAsyncPool")?;
+        // SAFETY: `pool` is the device's default pool.
+        check("cuMemPoolTrimTo", unsafe { sys::cuMemPoolTrimTo(pool, keep) })
     }
 
     /// Copies `n` bytes on the legacy default stream, direction inferred (unified addressing), and

@@ -79,6 +79,10 @@ pub(crate) const CU_POINTER_ATTRIBUTE_MEMORY_TYPE: c_int = 2;
 pub(crate) const CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: c_int = 9;
 /// `CU_MEMPOOL_ATTR_RELEASE_THRESHOLD`.
 pub(crate) const CU_MEMPOOL_ATTR_RELEASE_THRESHOLD: c_int = 4;
+/// `CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT`.
+pub(crate) const CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT: c_int = 5;
+/// `CU_MEMPOOL_ATTR_USED_MEM_CURRENT`.
+pub(crate) const CU_MEMPOOL_ATTR_USED_MEM_CURRENT: c_int = 7;
 /// `CU_MEMHOSTALLOC_PORTABLE`.
 pub(crate) const CU_MEMHOSTALLOC_PORTABLE: c_uint = 1;
 /// `CU_STREAM_DEFAULT`.
@@ -223,6 +227,8 @@ driver_api! {
     fn cuMemFreeHost(ptr: *mut c_void);
     fn cuDeviceGetDefaultMemPool(pool: *mut CUmemoryPool, dev: CUdevice);
     fn cuMemPoolSetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void);
+    fn cuMemPoolGetAttribute(pool: CUmemoryPool, attribute: c_int, value: *mut c_void);
+    fn cuMemPoolTrimTo(pool: CUmemoryPool, min_bytes_to_keep: usize);
     fn cuMemAllocAsync(ptr: *mut CUdeviceptr, size: usize, stream: CUstream);
     fn cuMemFreeAsync(ptr: CUdeviceptr, stream: CUstream);
     fn cuMemcpy(dst: CUdeviceptr, src: CUdeviceptr, size: usize);
@@ -264,6 +270,7 @@ driver_api! {
     fn cuGraphUpload(exec: CUgraphExec, stream: CUstream);
     fn cuGraphExecDestroy(exec: CUgraphExec);
     fn cuGraphDestroy(graph: CUgraph);
+    fn cuGraphDebugDotPrint(graph: CUgraph, path: *const c_char, flags: c_uint);
     // events
     fn cuEventCreate(event: *mut CUevent, flags: c_uint);
     fn cuEventDestroy_v2(event: CUevent);

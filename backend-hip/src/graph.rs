@@ -66,6 +66,16 @@ impl GraphOps for Hip {
         Err(result::unsupported("graph_upload"))
     }
 
+    /// `Unsupported`; never reached, since no [`HipGraph`] exists (HIP 5.2's headers and
+    /// `libamdhip64.so.5.2` have no `hipGraphDebugDotPrint` either).
+    ///
+    /// # Errors
+    ///
+    /// Always `Error::Unsupported { operation: "graph_debug_dot", backend: "hip" }`.
+    fn graph_debug_dot(_dev: DeviceId, _graph: &HipGraph, _flags: u32) -> Result<String> {
+        Err(result::unsupported("graph_debug_dot"))
+    }
+
     /// `Unsupported`; never reached, since no [`HipGraph`] exists.
     ///
     /// # Errors

@@ -13,7 +13,7 @@ use std::ffi::{c_int, c_void};
 use std::ptr;
 use std::sync::OnceLock;
 
-use gpumem_core::{DeviceId, DeviceOps, DevicePtr, MemoryOps, Result};
+use gpumem_core::{AsyncPoolAttribute, DeviceId, DeviceOps, DevicePtr, MemoryOps, Result};
 use hip_sys::hiprt::{hipHostMallocPortable, hipMemPoolAttr, hipMemPool_t, hipMemcpyKind};
 
 use crate::device::{self, make_current};
@@ -33,14 +33,15 @@ fn dptr(ptr: DevicePtr) -> *mut c_void {
 static ASYNC_POOLS: OnceLock<Box<[OnceLock<bool>]>> = OnceLock::new();
 
 /// Checks that the device has a stream-ordered allocator and, the first time, raises its default
-/// pool's release threshold to `u64::MAX`.
+/// pool's release threshold to `u64::MAX`. Returns the default pool.
 ///
 /// The threshold is how many free bytes the pool keeps at a synchronisation; its default is 0, so
 /// every stream, event or device synchronisation hands all free memory back to the system, and
 /// the next `hipMallocAsync` maps it again, which is slower than `hipMalloc`. With the threshold
 /// at its maximum the pool keeps its memory, as CuPy's `MemoryAsyncPool` does by default, until
-/// it is trimmed.
-fn prepare_async_pool(dev: DeviceId) -> Result<()> {
+/// it is trimmed. A threshold set later (`MemoryAsyncPool::set_limit`) is never undone here: this
+/// runs before it, once per device.
+fn prepare_async_pool(dev: DeviceId, operation: &'static str) -> Result<hipMemPool_t> {
     let count = Hip::device_count()?;
     let pools = ASYNC_POOLS.get_or_init(|| (0..count).map(|_| OnceLock::new()).collect());
     // `make_current` accepted `dev`, so it is below the count; a slot is there.
@@ -50,7 +51,11 @@ fn prepare_async_pool(dev: DeviceId) -> Result<()> {
         None => {
             let supported = device::memory_pools_supported(dev)?;
             if supported {
-                raise_release_threshold(dev)?;
+                set_pool_attribute(
+                    default_pool(dev)?,
+                    hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+                    u64::MAX,
+                )?;
             }
             // Two threads may both get here; raising the threshold twice is harmless.
             if let Some(slot) = slot {
@@ -60,26 +65,27 @@ fn prepare_async_pool(dev: DeviceId) -> Result<()> {
         }
     };
     if supported {
-        Ok(())
+        default_pool(dev)
     } else {
-        Err(result::unsupported("malloc_async"))
+        Err(result::unsupported(operation))
     }
 }
 
-/// Sets the release threshold of the device's default memory pool to `u64::MAX`.
-fn raise_release_threshold(dev: DeviceId) -> Result<()> {
+/// The device's default memory pool.
+fn default_pool(dev: DeviceId) -> Result<hipMemPool_t> {
     let mut pool: hipMemPool_t = ptr::null_mut();
     // SAFETY: `pool` is a valid out-pointer; the ordinal is one the runtime accepted.
     check("hipDeviceGetDefaultMemPool", unsafe { sys::hipDeviceGetDefaultMemPool(&mut pool, dev) })?;
-    let mut threshold: u64 = u64::MAX;
-    // SAFETY: `pool` is the device's default pool; the release threshold is read from a
-    // `uint64_t`, which `threshold` is, and only during the call.
+    Ok(pool)
+}
+
+/// Sets a `uint64_t` attribute of `pool`.
+fn set_pool_attribute(pool: hipMemPool_t, attribute: hipMemPoolAttr, value: u64) -> Result<()> {
+    let mut value = value;
+    // SAFETY: `pool` is a live pool; the attributes passed here are read from a `uint64_t`, which
+    // `value` is, and only during the call.
     check("hipMemPoolSetAttribute", unsafe {
-        sys::hipMemPoolSetAttribute(
-            pool,
-            hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
-            (&mut threshold as *mut u64).cast::<c_void>(),
-        )
+        sys::hipMemPoolSetAttribute(pool, attribute, (&mut value as *mut u64).cast::<c_void>())
     })
 }
 
@@ -160,7 +166,7 @@ impl MemoryOps for Hip {
     /// `Unsupported` on a device without memory pools; `OutOfMemory`; the runtime's error.
     unsafe fn malloc_async(dev: DeviceId, size: usize, stream: HipStream) -> Result<DevicePtr> {
         make_current(dev)?;
-        prepare_async_pool(dev)?;
+        prepare_async_pool(dev, "malloc_async")?;
         let mut ptr: *mut c_void = ptr::null_mut();
         // SAFETY: `dev` is current; `ptr` is a valid out-pointer; the stream handle is live (the
         // `Backend` contract).
@@ -183,6 +189,53 @@ impl MemoryOps for Hip {
         // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
         // stream handle is live.
         check("hipFreeAsync", unsafe { sys::hipFreeAsync(dptr(ptr), stream.as_raw()) })
+    }
+
+    /// Reads an attribute of `dev`'s default memory pool (`hipMemPoolGetAttribute`, exported since
+    /// HIP 5.1).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; the runtime's error.
+    fn async_pool_attribute(dev: DeviceId, attribute: AsyncPoolAttribute) -> Result<u64> {
+        make_current(dev)?;
+        let pool = prepare_async_pool(dev, "MemoryAsyncPool")?;
+        let attribute = match attribute {
+            AsyncPoolAttribute::ReleaseThreshold => hipMemPoolAttr::hipMemPoolAttrReleaseThreshold,
+            AsyncPoolAttribute::ReservedCurrent => hipMemPoolAttr::hipMemPoolAttrReservedMemCurrent,
+            AsyncPoolAttribute::UsedCurrent => hipMemPoolAttr::hipMemPoolAttrUsedMemCurrent,
+        };
+        let mut value: u64 = 0;
+        // SAFETY: `pool` is the device's default pool; these three attributes are written as a
+        // `uint64_t`, which `value` is, during the call only.
+        check("hipMemPoolGetAttribute", unsafe {
+            sys::hipMemPoolGetAttribute(pool, attribute, (&mut value as *mut u64).cast::<c_void>())
+        })?;
+        Ok(value)
+    }
+
+    /// Sets the release threshold of `dev`'s default memory pool.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; the runtime's error.
+    fn async_pool_set_release_threshold(dev: DeviceId, bytes: u64) -> Result<()> {
+        make_current(dev)?;
+        let pool = prepare_async_pool(dev, "MemoryAsyncPool")?;
+        set_pool_attribute(pool, hipMemPoolAttr::hipMemPoolAttrReleaseThreshold, bytes)
+    }
+
+    /// Releases the free memory of `dev`'s default memory pool down to `keep` bytes
+    /// (`hipMemPoolTrimTo`, exported since HIP 5.1).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a device without memory pools; the runtime's error.
+    fn async_pool_trim_to(dev: DeviceId, keep: usize) -> Result<()> {
+        make_current(dev)?;
+        let pool = prepare_async_pool(dev, "MemoryAsyncPool")?;
+        // SAFETY: `pool` is the device's default pool.
+        check("hipMemPoolTrimTo", unsafe { sys::hipMemPoolTrimTo(pool, keep) })
     }
 
     /// Copies `n` bytes on the legacy default stream, direction inferred (`hipMemcpyDefault`, unified

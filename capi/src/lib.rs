@@ -246,7 +246,7 @@ pub extern "C" fn gpumem_set_limit_fraction(device: c_int, fraction: c_double) -
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_get_limit(device: c_int, bytes: *mut usize) -> c_int {
     call("gpumem_get_limit", -1, || {
-        let limit = pool::device_pool(device)?.get_limit();
+        let limit = pool::device_pool(device)?.get_limit()?;
         // SAFETY: the caller gives a null or writable pointer; null is refused.
         let Some(out) = (unsafe { bytes.as_mut() }) else {
             return fail!("bytes is null");
@@ -325,7 +325,7 @@ pub unsafe extern "C" fn gpumem_get_stats(device: c_int, stats: *mut GpumemStats
             used_bytes,
             free_bytes: total_bytes.saturating_sub(used_bytes),
             total_bytes,
-            limit_bytes: pool.get_limit(),
+            limit_bytes: pool.get_limit()?,
             n_free_blocks: pool.n_free_blocks(),
             peak_held_bytes,
             n_live: counts.live,

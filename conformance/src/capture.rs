@@ -115,6 +115,28 @@ macro_rules! __capture_tests {
                     assert!(!s.is_capturing().unwrap(), "the failed end_capture ended the capture");
                     assert!(s.end_capture().is_err(), "not capturing");
                 }
+
+                fn a_graph_prints_as_dot() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let s = Stream::non_blocking().unwrap();
+                    let a = gpumem::alloc(1024).unwrap();
+                    let b = gpumem::alloc(1024).unwrap();
+                    s.begin_capture(None).unwrap();
+                    a.memset_async(1, 1024, Some(&s)).unwrap();
+                    b.copy_from_device_async(&a, 1024, Some(&s)).unwrap();
+                    let graph = s.end_capture().unwrap();
+                    let dot = graph.debug_dot_str(0).unwrap();
+                    assert!(dot.trim_start().starts_with("digraph"), "{dot}");
+                    let lower = dot.to_lowercase();
+                    assert!(lower.contains("memset") && lower.contains("memcpy"), "both operations are named:\n{dot}");
+                    assert!(dot.contains("->"), "the copy depends on the memset:\n{dot}");
+                    graph.launch(Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert!(read(&b, 1024).iter().all(|&x| x == 1));
+                }
             }
         }
     };

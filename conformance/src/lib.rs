@@ -17,6 +17,7 @@
 //! never from its name.
 
 mod allocator;
+mod async_pool;
 mod buffers;
 mod capture;
 mod devices;
@@ -52,6 +53,8 @@ macro_rules! suite {
             pub type Event = core::Event<$backend>;
             pub type ExternalStream = core::ExternalStream<$backend>;
             pub type Memory = core::Memory<$backend>;
+            pub type MemoryAsync = core::MemoryAsync<$backend>;
+            pub type MemoryAsyncPool = core::MemoryAsyncPool<$backend>;
             pub type MemoryPointer = core::MemoryPointer<$backend>;
             pub type MemoryPool = core::MemoryPool<$backend>;
             pub type PinnedMemoryPointer = core::PinnedMemoryPointer<$backend>;
@@ -61,6 +64,9 @@ macro_rules! suite {
 
             pub fn alloc(size: usize) -> Result<MemoryPointer> {
                 core::alloc::<$backend>(size)
+            }
+            pub fn malloc_async(size: usize) -> Result<MemoryPointer> {
+                core::malloc_async::<$backend>(size)
             }
             pub fn using_allocator(
                 allocator: Option<std::sync::Arc<dyn core::Allocator<$backend>>>,
@@ -91,6 +97,7 @@ macro_rules! suite {
         }
 
         $crate::__allocator_tests!($flavor);
+        $crate::__async_pool_tests!($flavor);
         $crate::__buffers_tests!($flavor);
         $crate::__capture_tests!($flavor);
         $crate::__devices_tests!($flavor);
@@ -160,6 +167,19 @@ pub fn read<B: Runtime>(p: &MemoryPointer<B>, n: usize) -> Vec<u8> {
 /// a device-wide synchronisation while any stream of the device captures, and tests run in
 /// parallel.
 pub fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Serialises the tests of the stream-ordered allocator: its statistics are the device's, shared
+/// by every test of the process.
+pub fn async_pool_lock() -> std::sync::MutexGuard<'static, ()> {
+    static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
+/// Serialises the tests that change the process-wide pinned allocator.
+pub fn pinned_allocator_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }

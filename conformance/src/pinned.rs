@@ -51,6 +51,39 @@ macro_rules! __pinned_tests {
                     assert_eq!(zero.size(), 0);
                     drop((b, c));
                 }
+
+                fn the_pinned_allocator_is_process_wide_and_resettable() {
+                    use std::sync::atomic::{AtomicUsize, Ordering};
+                    use std::sync::Arc;
+                    type B = gpumem::DefaultBackend;
+                    let _serial = $crate::pinned_allocator_lock();
+                    let calls = Arc::new(AtomicUsize::new(0));
+                    let c = calls.clone();
+                    gpumem::core::set_pinned_memory_allocator::<B>(Some(Arc::new(move |size| {
+                        c.fetch_add(1, Ordering::SeqCst);
+                        PinnedMemoryPointer::alloc(size)
+                    })));
+                    let p = gpumem::core::alloc_pinned_memory::<B>(100).unwrap();
+                    assert_eq!((p.size(), calls.load(Ordering::SeqCst)), (100, 1));
+                    // gpumem's own staging goes through it: an asynchronous typed upload.
+                    let s = Stream::non_blocking().unwrap();
+                    let buf = gpumem::DeviceBuffer::<u32>::zeros(4).unwrap();
+                    buf.copy_from_slice_async(&[1, 2, 3, 4], Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert_eq!(calls.load(Ordering::SeqCst), 2);
+                    assert_eq!(buf.to_vec().unwrap(), vec![1, 2, 3, 4]);
+
+                    // None: unpooled pinned memory (CuPy's `_malloc`), 100 bytes exactly.
+                    gpumem::core::set_pinned_memory_allocator::<B>(None);
+                    assert_eq!(gpumem::core::alloc_pinned_memory::<B>(100).unwrap().size(), 100);
+                    assert_eq!(calls.load(Ordering::SeqCst), 2);
+
+                    // Reset: the default pinned pool again, which rounds to a power of two.
+                    gpumem::core::reset_pinned_memory_allocator::<B>();
+                    let pooled = gpumem::core::alloc_pinned_memory::<B>(1000).unwrap();
+                    assert_eq!(pooled.size(), 1024);
+                    assert_eq!(calls.load(Ordering::SeqCst), 2);
+                }
             }
         }
     };

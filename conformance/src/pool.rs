@@ -73,6 +73,32 @@ macro_rules! __pool_tests {
                     p.memset(3, U).unwrap();
                     assert_eq!($crate::read(&p, U), vec![3u8; U], "the device stays usable");
                 }
+
+                fn a_pool_pointer_names_its_chunk() {
+                    struct Ids(std::cell::RefCell<Vec<u64>>);
+                    impl gpumem::core::MemoryHook for Ids {
+                        fn name(&self) -> &str {
+                            "conformance::Ids"
+                        }
+                        fn malloc_postprocess(&self, e: &gpumem::core::MallocEvent) -> gpumem::core::HookResult {
+                            self.0.borrow_mut().push(e.pmem_id);
+                            Ok(())
+                        }
+                    }
+                    let pool = MemoryPool::new();
+                    let ids = gpumem::core::hooks::install(Ids(std::cell::RefCell::new(Vec::new()))).unwrap();
+                    let a = pool.malloc(U).unwrap();
+                    let b = pool.malloc(U).unwrap();
+                    let (ia, ib) = (a.pmem_id().unwrap(), b.pmem_id().unwrap());
+                    assert_ne!(ia, ib, "two live chunks have two ids");
+                    assert_eq!(*ids.0.borrow(), vec![ia, ib], "the id the hooks report");
+                    assert_eq!((&a + 10).pmem_id(), Some(ia), "an offset pointer names the same chunk");
+                    assert_eq!(a.clone().pmem_id(), Some(ia));
+                    drop(ids);
+                    assert_eq!(pool.malloc(0).unwrap().pmem_id(), None, "size 0 is not a chunk");
+                    let raw = gpumem::MemoryPointer::from_memory(gpumem::Memory::new(U).unwrap());
+                    assert_eq!(raw.pmem_id(), None, "raw memory is not a chunk");
+                }
             }
         }
     };

@@ -63,9 +63,9 @@ pub mod host;
 
 pub use error::{Error, HookError, Result};
 pub use hal::{
-    Api, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps, DeviceProperties, DevicePtr,
-    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle, StreamCallback, StreamFlags,
-    StreamOps, VirtualMemoryOps,
+    Api, AsyncPoolAttribute, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps,
+    DeviceProperties, DevicePtr, EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle,
+    StreamCallback, StreamFlags, StreamOps, VirtualMemoryOps,
 };
 pub use hooks::{AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use pool::{
@@ -73,8 +73,9 @@ pub use pool::{
     ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
 pub use runtime::allocator::{
-    alloc, get_allocator, get_default_memory_pool, get_default_pinned_memory_pool, set_allocator,
-    using_allocator, Allocator, AllocatorGuard, PlainAllocator,
+    alloc, alloc_pinned_memory, get_allocator, get_default_memory_pool, get_default_pinned_memory_pool,
+    get_pinned_memory_allocator, reset_pinned_memory_allocator, set_allocator, set_pinned_memory_allocator,
+    using_allocator, Allocator, AllocatorGuard, PinnedMemoryAllocator, PlainAllocator, PlainPinnedAllocator,
 };
 pub use runtime::buffer::DeviceBuffer;
 pub use runtime::device::{Device, DeviceGuard};
@@ -84,7 +85,10 @@ pub use runtime::pinned::{
     RuntimePinnedAllocator,
 };
 pub use runtime::pointer::MemoryPointer;
-pub use runtime::pools::{DeviceAllocator, FnAllocator, MemoryPool, SingleDeviceMemoryPool};
+pub use runtime::pools::{
+    malloc_async, DeviceAllocator, FnAllocator, MemoryAsync, MemoryAsyncPool, MemoryPool,
+    SingleDeviceMemoryPool,
+};
 pub use runtime::state::{take_deferred_error, Runtime};
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;

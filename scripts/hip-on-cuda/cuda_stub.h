@@ -22,7 +22,11 @@ enum cudaMemoryType {
     cudaMemoryTypeManaged = 3
 };
 enum cudaMemcpyKind { cudaMemcpyDefault = 4 };
-enum cudaMemPoolAttr { cudaMemPoolAttrReleaseThreshold = 4 };
+enum cudaMemPoolAttr {
+    cudaMemPoolAttrReleaseThreshold = 4,
+    cudaMemPoolAttrReservedMemCurrent = 5,
+    cudaMemPoolAttrUsedMemCurrent = 7
+};
 enum cudaDeviceAttr {
     cudaDevAttrMultiProcessorCount = 16,
     cudaDevAttrUnifiedAddressing = 41,
@@ -61,6 +65,8 @@ cudaError_t cudaHostAlloc(void **ptr, size_t size, unsigned int flags);
 cudaError_t cudaFreeHost(void *ptr);
 cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t *pool, int device);
 cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t cudaMemPoolGetAttribute(cudaMemPool_t pool, enum cudaMemPoolAttr attr, void *value);
+cudaError_t cudaMemPoolTrimTo(cudaMemPool_t pool, size_t min_bytes_to_keep);
 cudaError_t cudaMallocAsync(void **ptr, size_t size, cudaStream_t stream);
 cudaError_t cudaFreeAsync(void *ptr, cudaStream_t stream);
 cudaError_t cudaMemcpy(void *dst, const void *src, size_t count, enum cudaMemcpyKind kind);

@@ -57,7 +57,11 @@ enum {
     hipDeviceAttributeMemoryPoolsSupported = 88,
 };
 
-enum { hipMemPoolAttrReleaseThreshold = 4 };
+enum {
+    hipMemPoolAttrReleaseThreshold = 4,
+    hipMemPoolAttrReservedMemCurrent = 5,
+    hipMemPoolAttrUsedMemCurrent = 7
+};
 
 /* HIP 5.2's runtime version, HIP_VERSION's numbering (major * 10^7 + minor * 10^5 + patch): the
  * backend reads hipMemoryType with HIP 5's numbering below major 6. */
@@ -298,6 +302,17 @@ EXPORT hipError_t hipMemPoolSetAttribute(hipMemPool_t pool, hipMemPoolAttr attr,
         return 1;
     }
     return to_hip(cudaMemPoolSetAttribute((cudaMemPool_t)pool, cudaMemPoolAttrReleaseThreshold, value));
+}
+/* The three attributes gpumem reads have CUDA's numbers in HIP too. */
+EXPORT hipError_t hipMemPoolGetAttribute(hipMemPool_t pool, hipMemPoolAttr attr, void *value) {
+    if (attr != hipMemPoolAttrReleaseThreshold && attr != hipMemPoolAttrReservedMemCurrent &&
+        attr != hipMemPoolAttrUsedMemCurrent) {
+        return 1;
+    }
+    return to_hip(cudaMemPoolGetAttribute((cudaMemPool_t)pool, (enum cudaMemPoolAttr)attr, value));
+}
+EXPORT hipError_t hipMemPoolTrimTo(hipMemPool_t pool, size_t min_bytes_to_hold) {
+    return to_hip(cudaMemPoolTrimTo((cudaMemPool_t)pool, min_bytes_to_hold));
 }
 EXPORT hipError_t hipMallocAsync(void **ptr, size_t size, hipStream_t stream) {
     return to_hip(cudaMallocAsync(ptr, size, (cudaStream_t)stream));

@@ -82,6 +82,13 @@ pub trait GraphOps: Api {
     ///
     /// `Unsupported` on a backend without capture; the runtime's error.
     unsafe fn graph_upload(dev: DeviceId, graph: &Self::Graph, stream: Self::Stream) -> Result<()>;
+    /// The graph as Graphviz DOT text (`cuGraphDebugDotPrint`); `flags` are the runtime's
+    /// `CUgraphDebugDot_flags` (0: the default detail).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a backend without graphs or without a DOT dump; the runtime's error.
+    fn graph_debug_dot(dev: DeviceId, graph: &Self::Graph, flags: u32) -> Result<String>;
     /// Destroys the graph. Launches already queued still run.
     ///
     /// # Errors

@@ -1,7 +1,7 @@
 //! Device and pinned memory, the stream-ordered allocator, copies and memsets.
 
 use crate::error::Result;
-use crate::hal::types::{DeviceId, DevicePtr};
+use crate::hal::types::{AsyncPoolAttribute, DeviceId, DevicePtr};
 use crate::hal::Api;
 
 /// Memory operations. See the [contract](crate::hal).
@@ -63,6 +63,32 @@ pub trait MemoryOps: Api {
     ///
     /// The runtime's error.
     unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: Self::Stream) -> Result<()>;
+
+    /// Reads an attribute of the device's default stream-ordered pool, the one
+    /// [`Self::malloc_async`] allocates from.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` where the runtime or device has no stream-ordered allocator; the runtime's
+    /// error.
+    fn async_pool_attribute(dev: DeviceId, attribute: AsyncPoolAttribute) -> Result<u64>;
+    /// Sets the release threshold of the device's default stream-ordered pool: the free bytes it
+    /// keeps cached when the runtime synchronises (`u64::MAX`: all of them).
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` where the runtime or device has no stream-ordered allocator; the runtime's
+    /// error.
+    fn async_pool_set_release_threshold(dev: DeviceId, bytes: u64) -> Result<()>;
+    /// Releases the free memory the device's default stream-ordered pool holds, keeping at least
+    /// `keep` bytes reserved (`cuMemPoolTrimTo`). Memory freed on a stream is released only once
+    /// the stream has reached the free.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` where the runtime or device has no stream-ordered allocator; the runtime's
+    /// error.
+    fn async_pool_trim_to(dev: DeviceId, keep: usize) -> Result<()>;
 
     /// Copies `n` bytes, the direction inferred from the addresses (unified addressing), on the
     /// legacy default stream; returns when the copy is done as far as the host can observe.

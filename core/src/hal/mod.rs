@@ -75,8 +75,8 @@ pub use graph::GraphOps;
 pub use memory::MemoryOps;
 pub use stream::StreamOps;
 pub use types::{
-    Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags, HostFn, MemInfo,
-    StreamCallback, StreamFlags,
+    AsyncPoolAttribute, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceProperties, DevicePtr, EventFlags,
+    HostFn, MemInfo, StreamCallback, StreamFlags,
 };
 pub use vmm::{PhysicalHandle, VirtualMemoryOps};
 

@@ -36,6 +36,17 @@ pub struct Caps {
     pub peer_access: bool,
 }
 
+/// An attribute of a device's stream-ordered pool (`CUmemPool_attribute` / `hipMemPoolAttr`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum AsyncPoolAttribute {
+    /// Free bytes the pool keeps cached when the runtime synchronises.
+    ReleaseThreshold,
+    /// Bytes the pool holds from the device, lent out or not (CuPy's `total_bytes`).
+    ReservedCurrent,
+    /// Bytes lent out (CuPy's `used_bytes`).
+    UsedCurrent,
+}
+
 /// Stream creation flags (CuPy's `streamDefault = 0`, `streamNonBlocking = 1`).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub struct StreamFlags {

@@ -52,6 +52,8 @@ struct State {
     #[allow(dead_code)] // the host backend treats every mode as relaxed; kept for debugging
     mode: CaptureMode,
     ops: Vec<Op>,
+    /// The API name of each captured operation, for the graph's DOT text.
+    names: Vec<&'static str>,
     invalidated: bool,
     ended: bool,
     members: HashMap<StreamKey, Member>,
@@ -76,7 +78,8 @@ fn lock(m: &Mutex<State>) -> MutexGuard<'_, State> {
 
 /// How `end` went.
 pub(crate) enum Ended {
-    Graph(Vec<Op>),
+    /// The operations, and the API name of each.
+    Graph(Vec<Op>, Vec<&'static str>),
     Invalidated,
     Unjoined,
 }
@@ -90,7 +93,14 @@ impl Sequence {
         Arc::new(Sequence {
             id: NEXT.fetch_add(1, Ordering::Relaxed),
             origin,
-            state: Mutex::new(State { mode, ops: Vec::new(), invalidated: false, ended: false, members }),
+            state: Mutex::new(State {
+                mode,
+                ops: Vec::new(),
+                names: Vec::new(),
+                invalidated: false,
+                ended: false,
+                members,
+            }),
         })
     }
 
@@ -122,6 +132,7 @@ impl Sequence {
             return Err(err(api, Code::StreamCaptureInvalidated, None));
         }
         st.ops.push(op);
+        st.names.push(api);
         st.members.entry(stream).or_default().captured += 1;
         Ok(())
     }
@@ -168,6 +179,6 @@ impl Sequence {
         if unjoined {
             return Ended::Unjoined;
         }
-        Ended::Graph(std::mem::take(&mut st.ops))
+        Ended::Graph(std::mem::take(&mut st.ops), std::mem::take(&mut st.names))
     }
 }

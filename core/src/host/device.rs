@@ -9,7 +9,7 @@ use super::Host;
 
 impl DeviceOps for Host {
     fn device_count() -> Result<usize> {
-        Ok(memory::device_count())
+        memory::device_count_checked()
     }
     fn set_device(dev: DeviceId) -> Result<()> {
         memory::check_device("cuCtxSetCurrent", dev).map(drop)
@@ -18,7 +18,7 @@ impl DeviceOps for Host {
         memory::check_device("cuDeviceGetAttribute", dev)?;
         Ok(DeviceProperties {
             name: format!("gpumem host device {dev}"),
-            total_memory: memory::capacity(),
+            total_memory: memory::capacity_checked()?,
             compute_capability: (0, 0),
             multiprocessor_count: std::thread::available_parallelism().map_or(1, |n| n.get() as i32),
             memory_pools_supported: true,
@@ -27,7 +27,7 @@ impl DeviceOps for Host {
     }
     fn mem_get_info(dev: DeviceId) -> Result<MemInfo> {
         let i = memory::check_device("cuMemGetInfo", dev)?;
-        let total = memory::capacity();
+        let total = memory::capacity_checked()?;
         Ok(MemInfo { free: total.saturating_sub(memory::used(i)), total })
     }
     fn device_synchronize(dev: DeviceId) -> Result<()> {

@@ -11,14 +11,29 @@ use super::result::{err, Code};
 use super::worker::{implicit_capture, Op};
 use super::{enqueue, target, Host, HostStream, Target};
 
-/// A captured graph of host operations.
+/// A captured graph of host operations, with the API name each was queued under.
 #[derive(Clone)]
-pub struct HostGraph(Arc<Vec<Op>>);
+pub struct HostGraph(Arc<Vec<Op>>, Arc<[&'static str]>);
 
 impl std::fmt::Debug for HostGraph {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "HostGraph({} operations)", self.0.len())
     }
+}
+
+/// The graph as DOT: one node per recorded operation, labelled with its index and API name,
+/// each depending on the one before (a captured stream runs them in order).
+fn dot(names: &[&'static str]) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("digraph \"gpumem host graph\" {\n    rankdir=TB;\n    node [shape=box];\n");
+    for (i, name) in names.iter().enumerate() {
+        let _ = writeln!(out, "    op{i} [label=\"{i}: {name}\"];");
+    }
+    for i in 1..names.len() {
+        let _ = writeln!(out, "    op{} -> op{i};", i - 1);
+    }
+    out.push_str("}\n");
+    out
 }
 
 impl GraphOps for Host {
@@ -31,7 +46,10 @@ impl GraphOps for Host {
     unsafe fn end_capture(dev: DeviceId, stream: HostStream) -> Result<HostGraph> {
         match target("cuStreamEndCapture", dev, stream)? {
             Target::Legacy => Err(err("cuStreamEndCapture", Code::IllegalState, None)),
-            Target::Worker(w) => Ok(HostGraph(Arc::new(w.end_capture()?))),
+            Target::Worker(w) => {
+                let (ops, names) = w.end_capture()?;
+                Ok(HostGraph(Arc::new(ops), names.into()))
+            }
         }
     }
     unsafe fn capture_status(dev: DeviceId, stream: HostStream) -> Result<CaptureStatus> {
@@ -53,6 +71,9 @@ impl GraphOps for Host {
     }
     unsafe fn graph_upload(dev: DeviceId, _graph: &HostGraph, stream: HostStream) -> Result<()> {
         target("cuGraphUpload", dev, stream).map(drop)
+    }
+    fn graph_debug_dot(_dev: DeviceId, graph: &HostGraph, _flags: u32) -> Result<String> {
+        Ok(dot(&graph.1))
     }
     fn graph_destroy(_dev: DeviceId, graph: HostGraph) -> Result<()> {
         drop(graph);

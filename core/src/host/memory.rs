@@ -12,7 +12,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::hal::{DeviceId, DevicePtr, MemoryOps};
+use std::collections::HashMap;
+
+use crate::hal::{AsyncPoolAttribute, DeviceId, DevicePtr, MemoryOps};
 
 use super::result::{err, Code};
 use super::worker::join_legacy;
@@ -23,27 +25,65 @@ const ALIGN: usize = 512;
 const DEFAULT_DEVICES: usize = 2;
 const DEFAULT_CAPACITY: usize = 16 << 30;
 
-/// The number of simulated devices: `GPUMEM_HOST_DEVICES` (1 to 64), default 2, so multi-device
-/// code paths run on any machine.
-pub(crate) fn device_count() -> usize {
-    static N: OnceLock<usize> = OnceLock::new();
-    *N.get_or_init(|| {
-        std::env::var("GPUMEM_HOST_DEVICES")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .map_or(DEFAULT_DEVICES, |n| n.clamp(1, 64))
-    })
+/// `GPUMEM_HOST_DEVICES`: the number of simulated devices.
+pub(crate) const DEVICES_ENV: &str = "GPUMEM_HOST_DEVICES";
+/// `GPUMEM_HOST_DEVICE_MEMORY`: each simulated device's memory in bytes.
+pub(crate) const MEMORY_ENV: &str = "GPUMEM_HOST_DEVICE_MEMORY";
+const DEVICES_FORMS: &str = "an integer from 1 to 64 (the number of simulated devices; default 2)";
+const MEMORY_FORMS: &str =
+    "a whole number of bytes, such as 17179869184 (each simulated device's memory; default 16 GiB)";
+
+/// Reads a whole-number environment variable: `None` when unset, the value when it parses and
+/// lies in `range`, else the error naming the variable, its value and the accepted forms.
+fn env_number(
+    variable: &'static str,
+    expected: &'static str,
+    range: std::ops::RangeInclusive<usize>,
+) -> Result<Option<usize>> {
+    let value = match std::env::var(variable) {
+        Ok(v) => v,
+        Err(std::env::VarError::NotPresent) => return Ok(None),
+        Err(std::env::VarError::NotUnicode(v)) => {
+            return Err(Error::InvalidEnvironment {
+                variable,
+                value: v.to_string_lossy().into_owned(),
+                expected,
+            })
+        }
+    };
+    match value.trim().parse::<usize>() {
+        Ok(n) if range.contains(&n) => Ok(Some(n)),
+        _ => Err(Error::InvalidEnvironment { variable, value, expected }),
+    }
 }
 
-/// Each simulated device's memory in bytes.
-pub(crate) fn capacity() -> usize {
-    static C: OnceLock<usize> = OnceLock::new();
-    *C.get_or_init(|| {
-        std::env::var("GPUMEM_HOST_DEVICE_MEMORY")
-            .ok()
-            .and_then(|v| v.trim().parse::<usize>().ok())
-            .unwrap_or(DEFAULT_CAPACITY)
-    })
+/// The number of simulated devices from `GPUMEM_HOST_DEVICES` (1 to 64), default 2, so
+/// multi-device code paths run on any machine; read once.
+///
+/// # Errors
+///
+/// `InvalidEnvironment` for a malformed value (every call reports it).
+pub(crate) fn device_count_checked() -> Result<usize> {
+    static N: OnceLock<Result<usize>> = OnceLock::new();
+    N.get_or_init(|| Ok(env_number(DEVICES_ENV, DEVICES_FORMS, 1..=64)?.unwrap_or(DEFAULT_DEVICES))).clone()
+}
+
+/// The number of simulated devices, for the backend's own tables: the default when the variable
+/// is malformed (the error is reported by `device_count_checked`, which every typed path calls
+/// first through `DeviceOps::device_count`).
+pub(crate) fn device_count() -> usize {
+    device_count_checked().unwrap_or(DEFAULT_DEVICES)
+}
+
+/// Each simulated device's memory in bytes, from `GPUMEM_HOST_DEVICE_MEMORY`; read once.
+///
+/// # Errors
+///
+/// `InvalidEnvironment` for a malformed value (every call reports it).
+pub(crate) fn capacity_checked() -> Result<usize> {
+    static C: OnceLock<Result<usize>> = OnceLock::new();
+    C.get_or_init(|| Ok(env_number(MEMORY_ENV, MEMORY_FORMS, 0..=usize::MAX)?.unwrap_or(DEFAULT_CAPACITY)))
+        .clone()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -66,6 +106,7 @@ fn registry() -> MutexGuard<'static, Registry> {
 }
 
 pub(crate) fn check_device(api: &'static str, dev: DeviceId) -> Result<usize> {
+    device_count_checked()?;
     match usize::try_from(dev) {
         Ok(i) if i < device_count() => Ok(i),
         _ => Err(err(api, Code::InvalidDevice, Some(format!("device {dev}")))),
@@ -76,10 +117,11 @@ pub(crate) fn check_device(api: &'static str, dev: DeviceId) -> Result<usize> {
 pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize) -> Result<DevicePtr> {
     let layout =
         Layout::from_size_align(size, ALIGN).map_err(|_| Error::OutOfMemory { size, total: None })?;
+    let capacity = capacity_checked()?;
     let mut reg = registry();
     if let Some(dev) = device {
         let i = check_device(api, dev)?;
-        if reg.used[i].checked_add(size).is_none_or(|u| u > capacity()) {
+        if reg.used[i].checked_add(size).is_none_or(|u| u > capacity) {
             return Err(Error::OutOfMemory { size, total: None });
         }
         reg.used[i] += size;
@@ -135,6 +177,55 @@ pub(crate) fn used(dev: usize) -> usize {
     registry().used[dev]
 }
 
+/// The simulated stream-ordered pool of one device: what `cuMemAllocAsync`'s default pool does,
+/// in the terms its attributes report. Freed blocks stay cached (reused for a request of the same
+/// size) while the pool holds no more than its release threshold; above it, cached blocks go back
+/// at once when a stream reaches their free (the driver waits for a synchronisation). The
+/// threshold starts at `u64::MAX`, where the GPU backends set it on first use.
+struct AsyncPool {
+    device: DeviceId,
+    /// Lent blocks by address, with their sizes.
+    live: HashMap<DevicePtr, usize>,
+    /// Freed blocks the pool keeps, as `(address, size)`.
+    cached: Vec<(DevicePtr, usize)>,
+    used: usize,
+    reserved: usize,
+    threshold: u64,
+}
+
+impl AsyncPool {
+    /// Releases cached blocks until the pool holds at most `keep` bytes (or has none cached).
+    fn release_down_to(&mut self, keep: u64) {
+        while self.reserved as u64 > keep {
+            let Some((ptr, size)) = self.cached.pop() else { break };
+            self.reserved -= size;
+            // A cached block is a live device allocation of this pool, released once: it was just
+            // taken off the cache.
+            let _ = release("cuMemPoolTrimTo", Some(self.device), ptr);
+        }
+    }
+}
+
+fn async_pools() -> MutexGuard<'static, Vec<AsyncPool>> {
+    static P: OnceLock<Mutex<Vec<AsyncPool>>> = OnceLock::new();
+    P.get_or_init(|| {
+        Mutex::new(
+            (0..device_count())
+                .map(|i| AsyncPool {
+                    device: i as DeviceId,
+                    live: HashMap::new(),
+                    cached: Vec::new(),
+                    used: 0,
+                    reserved: 0,
+                    threshold: u64::MAX,
+                })
+                .collect(),
+        )
+    })
+    .lock()
+    .unwrap_or_else(std::sync::PoisonError::into_inner)
+}
+
 impl MemoryOps for Host {
     fn malloc(dev: DeviceId, size: usize) -> Result<DevicePtr> {
         allocate("cuMemAlloc", Some(dev), size)
@@ -153,18 +244,62 @@ impl MemoryOps for Host {
         release("cuMemFreeHost", None, ptr as DevicePtr)
     }
     unsafe fn malloc_async(dev: DeviceId, size: usize, _stream: HostStream) -> Result<DevicePtr> {
-        allocate("cuMemAllocAsync", Some(dev), size)
+        let i = check_device("cuMemAllocAsync", dev)?;
+        let mut pools = async_pools();
+        let pool = &mut pools[i];
+        // Memory freed earlier is reused for a request of its size: its free was ordered after
+        // all its uses on the freeing stream, which had reached the free (it is in the cache).
+        let ptr = match pool.cached.iter().position(|&(_, s)| s == size) {
+            Some(at) => pool.cached.swap_remove(at).0,
+            None => {
+                let ptr = allocate("cuMemAllocAsync", Some(dev), size)?;
+                pool.reserved += size;
+                ptr
+            }
+        };
+        pool.used += size;
+        pool.live.insert(ptr, size);
+        Ok(ptr)
     }
     unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: HostStream) -> Result<()> {
+        let i = check_device("cuMemFreeAsync", dev)?;
         enqueue(
             "cuMemFreeAsync",
             dev,
             stream,
             Arc::new(move || {
-                // Ordered after the stream's earlier work, which is all that may use it.
-                let _ = release("cuMemFreeAsync", Some(dev), ptr);
+                // Ordered after the stream's earlier work, which is all that may use it. A replay
+                // of a graph that captured the free finds the block gone and does nothing.
+                let mut pools = async_pools();
+                let pool = &mut pools[i];
+                if let Some(size) = pool.live.remove(&ptr) {
+                    pool.used -= size;
+                    pool.cached.push((ptr, size));
+                    let keep = pool.threshold;
+                    pool.release_down_to(keep);
+                }
             }),
         )
+    }
+    fn async_pool_attribute(dev: DeviceId, attribute: AsyncPoolAttribute) -> Result<u64> {
+        let i = check_device("cuMemPoolGetAttribute", dev)?;
+        let pools = async_pools();
+        let pool = &pools[i];
+        Ok(match attribute {
+            AsyncPoolAttribute::ReleaseThreshold => pool.threshold,
+            AsyncPoolAttribute::ReservedCurrent => pool.reserved as u64,
+            AsyncPoolAttribute::UsedCurrent => pool.used as u64,
+        })
+    }
+    fn async_pool_set_release_threshold(dev: DeviceId, bytes: u64) -> Result<()> {
+        let i = check_device("cuMemPoolSetAttribute", dev)?;
+        async_pools()[i].threshold = bytes;
+        Ok(())
+    }
+    fn async_pool_trim_to(dev: DeviceId, keep: usize) -> Result<()> {
+        let i = check_device("cuMemPoolTrimTo", dev)?;
+        async_pools()[i].release_down_to(keep as u64);
+        Ok(())
     }
     unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
         join_legacy(dev, "cuMemcpy")?;

@@ -17,7 +17,7 @@ use std::sync::{Mutex, MutexGuard, OnceLock};
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr, PhysicalHandle, VirtualMemoryOps};
 
-use super::memory::{capacity, check_device};
+use super::memory::{capacity_checked, check_device};
 use super::result::{err, Code};
 use super::Host;
 
@@ -161,9 +161,10 @@ impl VirtualMemoryOps for Host {
         const API: &str = "cuMemCreate";
         check_device(API, dev)?;
         check_granules(API, size)?;
+        let capacity = capacity_checked()?;
         let mut vm = vm();
         let used = vm.used.entry(dev).or_default();
-        if used.checked_add(size).is_none_or(|u| u > capacity()) {
+        if used.checked_add(size).is_none_or(|u| u > capacity) {
             return Err(Error::OutOfMemory { size, total: None });
         }
         *used += size;

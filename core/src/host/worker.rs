@@ -276,7 +276,8 @@ impl Worker {
         Ok(())
     }
 
-    pub(crate) fn end_capture(&self) -> Result<Vec<Op>> {
+    /// Ends the capture: its operations and their API names, in order.
+    pub(crate) fn end_capture(&self) -> Result<(Vec<Op>, Vec<&'static str>)> {
         let api = "cuStreamEndCapture";
         let mut st = lock(&self.state);
         let Some(capture) = st.live_capture().cloned() else {
@@ -288,7 +289,7 @@ impl Worker {
         }
         st.capture = None;
         match capture.end() {
-            Ended::Graph(ops) => Ok(ops),
+            Ended::Graph(ops, names) => Ok((ops, names)),
             Ended::Invalidated => Err(err(api, Code::StreamCaptureInvalidated, None)),
             Ended::Unjoined => Err(err(api, Code::StreamCaptureUnjoined, None)),
         }

@@ -1,16 +1,21 @@
-//! The current allocator: what [`alloc`] uses (CuPy's `cupy.cuda.alloc`, `set_allocator`,
-//! `using_allocator`, `get_allocator`).
+//! The current allocators: what [`alloc`] uses (CuPy's `cupy.cuda.alloc`, `set_allocator`,
+//! `using_allocator`, `get_allocator`) and what [`alloc_pinned_memory`] uses (CuPy's
+//! `alloc_pinned_memory`, `set_pinned_memory_allocator`).
 //!
 //! The process-wide allocator starts as the backend's default memory pool (as `import cupy`
 //! sets it). [`set_allocator`] replaces it; [`using_allocator`] overrides it on the calling thread
-//! until its guard is dropped, and nests.
+//! until its guard is dropped, and nests. The pinned allocator starts as the default pinned
+//! memory pool (as `import cupy` sets it); [`set_pinned_memory_allocator`] replaces it for the
+//! whole process, `None` selecting unpooled pinned memory (CuPy's `_malloc`), and
+//! [`reset_pinned_memory_allocator`] goes back to the default pool. gpumem's own pinned staging
+//! (the asynchronous copies of [`DeviceBuffer`](crate::DeviceBuffer)) goes through it.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::runtime::memory::Memory;
-use crate::runtime::pinned::PinnedMemoryPool;
+use crate::runtime::pinned::{PinnedMemoryPointer, PinnedMemoryPool};
 use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::pools::MemoryPool;
 use crate::runtime::state::Runtime;
@@ -117,4 +122,76 @@ impl<B: Runtime> Drop for AllocatorGuard<B> {
     fn drop(&mut self) {
         let _ = B::thread_state().try_with(|ts| ts.allocators.borrow_mut().pop());
     }
+}
+
+/// Something that hands out pinned host memory: a [`PinnedMemoryPool`], unpooled pinned memory,
+/// or the program's own. Closures `Fn(usize) -> Result<PinnedMemoryPointer<B>>` are pinned
+/// allocators.
+pub trait PinnedMemoryAllocator<B: Runtime>: Send + Sync {
+    /// Allocates `size` bytes of pinned host memory.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's.
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>>;
+}
+
+impl<B: Runtime, F> PinnedMemoryAllocator<B> for F
+where
+    F: Fn(usize) -> Result<PinnedMemoryPointer<B>> + Send + Sync,
+{
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        self(size)
+    }
+}
+
+impl<B: Runtime> PinnedMemoryAllocator<B> for PinnedMemoryPool<B> {
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        PinnedMemoryPool::malloc(self, size)
+    }
+}
+
+/// No pool: every pinned allocation is a runtime allocation, freed when its last pointer goes
+/// (CuPy's pinned `_malloc`, what `set_pinned_memory_allocator(None)` selects).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlainPinnedAllocator;
+
+impl<B: Runtime> PinnedMemoryAllocator<B> for PlainPinnedAllocator {
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        PinnedMemoryPointer::alloc(size)
+    }
+}
+
+/// Sets the process-wide pinned allocator (CuPy's `set_pinned_memory_allocator`); `None` selects
+/// [`PlainPinnedAllocator`] (no pool), as CuPy's `set_pinned_memory_allocator(None)`.
+pub fn set_pinned_memory_allocator<B: Runtime>(allocator: Option<Arc<dyn PinnedMemoryAllocator<B>>>) {
+    let allocator = allocator.unwrap_or_else(|| Arc::new(PlainPinnedAllocator));
+    *B::globals().pinned_allocator.write() = Some(allocator);
+}
+
+/// Makes the default pinned memory pool the pinned allocator again, as it is at start.
+pub fn reset_pinned_memory_allocator<B: Runtime>() {
+    *B::globals().pinned_allocator.write() = None;
+}
+
+/// The pinned allocator [`alloc_pinned_memory`] uses: the one set, else the default pinned
+/// memory pool.
+#[must_use]
+pub fn get_pinned_memory_allocator<B: Runtime>() -> Arc<dyn PinnedMemoryAllocator<B>> {
+    if let Some(a) = B::globals().pinned_allocator.read().as_ref() {
+        return Arc::clone(a);
+    }
+    get_default_pinned_memory_pool::<B>()
+}
+
+/// Allocates `size` bytes of pinned host memory with the current pinned allocator (CuPy's
+/// `alloc_pinned_memory`). What finished transfers kept alive is released first, as CuPy's
+/// watcher check.
+///
+/// # Errors
+///
+/// The allocator's.
+pub fn alloc_pinned_memory<B: Runtime>(size: usize) -> Result<PinnedMemoryPointer<B>> {
+    crate::runtime::stream::inflight::collect::<B>();
+    get_pinned_memory_allocator::<B>().malloc(size)
 }

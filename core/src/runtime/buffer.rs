@@ -34,7 +34,7 @@ use bytemuck::Pod;
 
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
-use crate::runtime::allocator::{alloc, get_default_pinned_memory_pool};
+use crate::runtime::allocator::{alloc, alloc_pinned_memory};
 use crate::runtime::pinned::PinnedMemoryPointer;
 use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::state::Runtime;
@@ -352,7 +352,7 @@ impl<T: Pod, B: Runtime> DeviceBuffer<T, B> {
             return Ok(());
         }
         let bytes: &[u8] = bytemuck::cast_slice(data);
-        let staging = get_default_pinned_memory_pool::<B>().malloc(bytes.len())?;
+        let staging = alloc_pinned_memory::<B>(bytes.len())?;
         staging.write(bytes)?;
         self.ptr.copy_from_host_async(&staging, bytes.len(), stream)
     }

@@ -36,6 +36,11 @@ pub unsafe trait BaseMemory<B: Runtime>: Send + Sync + fmt::Debug + 'static {
     fn identity(&self) -> &'static str {
         "<unknown>"
     }
+    /// The pool chunk's identifier, for memory a pool lent (CuPy's `PooledMemory` id, the
+    /// `pmem_id` of its hook events); `None` for other memory.
+    fn pmem_id(&self) -> Option<u64> {
+        None
+    }
 }
 
 /// One raw device allocation, freed when dropped: CuPy's `Memory`.
@@ -192,6 +197,9 @@ where
     fn identity(&self) -> &'static str {
         "PooledMemory"
     }
+    fn pmem_id(&self) -> Option<u64> {
+        Some(PooledMemory::pmem_id(self))
+    }
 }
 
 /// The pool sees a memory object as a raw block.
@@ -225,5 +233,8 @@ unsafe impl<B: Runtime> BaseMemory<B> for Box<dyn BaseMemory<B>> {
     }
     fn identity(&self) -> &'static str {
         (**self).identity()
+    }
+    fn pmem_id(&self) -> Option<u64> {
+        (**self).pmem_id()
     }
 }

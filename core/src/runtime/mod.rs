@@ -19,6 +19,7 @@ pub mod memory;
 pub mod pinned;
 #[allow(unsafe_code)]
 pub mod pointer;
+#[allow(unsafe_code)] // the stream-ordered allocator's memory objects and frees
 pub mod pools;
 pub mod state;
 #[allow(unsafe_code)]

@@ -217,6 +217,14 @@ impl<B: Runtime> MemoryPointer<B> {
         &self.mem
     }
 
+    /// The identifier of the pool chunk this pointer points into (CuPy's `ptr.mem`, a
+    /// `PooledMemory`, whose id the memory hooks report as `pmem_id`); `None` when the memory is
+    /// not a pool's chunk (a size-0 allocation, [`Memory`](crate::Memory), foreign memory).
+    #[must_use]
+    pub fn pmem_id(&self) -> Option<u64> {
+        self.mem.pmem_id()
+    }
+
     /// The device of the memory.
     #[must_use]
     pub fn device_id(&self) -> DeviceId {

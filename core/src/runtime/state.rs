@@ -170,6 +170,8 @@ pub struct Globals<B: Runtime> {
     pub(crate) memory_pool: OnceLock<Arc<MemoryPool<B>>>,
     /// The default pinned memory pool (`get_default_pinned_memory_pool`).
     pub(crate) pinned_pool: OnceLock<Arc<PinnedMemoryPool<B>>>,
+    /// The pinned allocator `alloc_pinned_memory` uses; `None`: the default pinned pool.
+    pub(crate) pinned_allocator: RwLock<Option<Arc<dyn crate::runtime::allocator::PinnedMemoryAllocator<B>>>>,
     /// Number of devices, read once.
     pub(crate) device_count: OnceLock<usize>,
     /// Panics caught in callbacks, by stream raw value, until that stream's next `synchronize`.
@@ -198,6 +200,7 @@ impl<B: Runtime> Globals<B> {
             allocator: RwLock::new(None),
             memory_pool: OnceLock::new(),
             pinned_pool: OnceLock::new(),
+            pinned_allocator: RwLock::new(None),
             device_count: OnceLock::new(),
             panics: parking_lot::Mutex::new(Vec::new()),
             inflight: crate::runtime::stream::inflight::InFlight::new(),

@@ -2,6 +2,7 @@
 //! [`crate::pool`] with the runtime's allocator, pointers, the current stream's arena and limits
 //! in the user's terms.
 
+pub mod async_pool;
 mod multi;
 #[cfg(test)]
 mod tests;
@@ -17,6 +18,7 @@ use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::state::Runtime;
 use crate::runtime::stream::Stream;
 
+pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool};
 pub use multi::MemoryPool;
 
 /// The runtime's device allocator: each raw block is a [`Memory`] (`cuMemAlloc`).
@@ -114,7 +116,7 @@ where
             .field("device", &self.pool.device_id())
             .field("used_bytes", &self.used_bytes())
             .field("total_bytes", &self.total_bytes())
-            .field("limit", &self.get_limit())
+            .field("limit", &self.pool.get_limit())
             .finish_non_exhaustive()
     }
 }
@@ -263,10 +265,16 @@ where
         Ok(())
     }
 
-    /// The limit in bytes; 0 when unlimited.
-    #[must_use]
-    pub fn get_limit(&self) -> usize {
-        self.pool.get_limit()
+    /// The limit in bytes; 0 when unlimited. Fallible as the other pools' `get_limit`
+    /// ([`MemoryPool::get_limit`] may have to create the device's pool,
+    /// [`MemoryAsyncPool::get_limit`] asks the runtime), so one call site serves them all; this
+    /// pool's never fails.
+    ///
+    /// # Errors
+    ///
+    /// None.
+    pub fn get_limit(&self) -> Result<usize> {
+        Ok(self.pool.get_limit())
     }
 
     /// Sets how the pool grows (CuPy's rule by default).

@@ -208,7 +208,7 @@ where
     ///
     /// As [`MemoryPool::device_pool`].
     pub fn get_limit(&self) -> Result<usize> {
-        Ok(self.current_pool()?.get_limit())
+        self.current_pool()?.get_limit()
     }
 }
 

@@ -92,6 +92,17 @@ impl<B: Runtime> Graph<B> {
         queueing.keep(vec![Arc::clone(&self.parts) as inflight::Keep], ranges.clone())
     }
 
+    /// The graph as Graphviz DOT text (CuPy's `debug_dot_str(flags=0)`): on CUDA the driver's
+    /// `cuGraphDebugDotPrint` with `flags` (`CUgraphDebugDot_flags`; 0 for the default detail),
+    /// on the host backend one node per captured operation, in replay order.
+    ///
+    /// # Errors
+    ///
+    /// `Unsupported` on a backend without a DOT dump; the runtime's error.
+    pub fn debug_dot_str(&self, flags: u32) -> Result<String> {
+        B::graph_debug_dot(self.device, self.raw(), flags)
+    }
+
     /// Uploads the graph to the device ahead of its first launch, ordered on `stream` (or the
     /// current stream).
     ///
