@@ -1,7 +1,8 @@
 //! Capture sequences, as CUDA has them: a capture begun on one stream (its origin) that other
 //! streams join by waiting for an event recorded in it, and leave by being waited for.
 //!
-//! The rules follow what CUDA 13 does on an H200 (each was probed there):
+//! The rules follow what CUDA 13 does on an H200 (each was asked there, by
+//! `scripts/cuda-capture-rules`; its answers are beside it):
 //!
 //! - A stream that is not capturing and waits for an event recorded in a capture joins that
 //!   capture: its operations are captured into the same graph (a *fork*).

@@ -1,3 +1,4 @@
+// The capture rules the host backend mirrors, asked of CUDA: see run.sh.
 // Probes CUDA's stream-capture rules for forks and joins, to mirror them on the host backend.
 #include <cuda_runtime.h>
 #include <stdio.h>
