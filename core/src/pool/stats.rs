@@ -242,7 +242,7 @@ fn arena_name(key: ArenaKey) -> String {
     }
 }
 
-const WIDTH: usize = 75;
+const WIDTH: usize = 77;
 
 impl fmt::Display for PoolStats {
     /// The summary table (PyTorch's `memory_summary()` layout: one section per statistic, the
@@ -261,7 +261,7 @@ impl fmt::Display for PoolStats {
         out += &format!("| {:<w$}|\n", note, w = WIDTH - 1);
         out += &rule('=');
         out += &format!(
-            "| {:<22}| {:^10} | {:^10} | {:^10} | {:^10} |\n",
+            "| {:<24}| {:^10} | {:^10} | {:^10} | {:^10} |\n",
             "Metric", "Cur Usage", "Peak Usage", "Tot Alloc", "Tot Freed"
         );
         type Pick = fn(&MemoryStats) -> Stat;
@@ -281,12 +281,12 @@ impl fmt::Display for PoolStats {
             for (name, st) in rows {
                 let cell = |n: u64, scale: u64| if is_bytes { bytes(n, scale) } else { count(n, scale) };
                 let mut name = name;
-                if name.len() > 22 {
-                    name.truncate(22);
+                if name.len() > 24 {
+                    name.truncate(24);
                 }
                 let _ = writeln!(
                     out,
-                    "| {:<22}| {} | {} | {} | {} |",
+                    "| {:<24}| {} | {} | {} | {} |",
                     name,
                     cell(st.current, st.peak),
                     cell(st.peak, st.peak),
