@@ -72,7 +72,7 @@ pub use gpumem_core::{
     HookError, Limit, PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, RawBlock, Result, Runtime,
     StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
-pub use gpumem_hooks::DebugPrintHook;
+pub use gpumem_hooks::{DebugPrintHook, Recorder, RecorderGuard};
 #[cfg(feature = "line-profile")]
 pub use gpumem_hooks::LineProfileHook;
 

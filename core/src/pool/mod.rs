@@ -53,7 +53,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::hal::types::{DeviceId, DevicePtr};
-use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent};
+use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent, Observed};
 
 use arena::{ArenaState, Lent};
 pub use limit::{Limit, LIMIT_ENV};
@@ -355,6 +355,7 @@ impl<R: RawAllocator> Pool<R> {
             Ok(p) => MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre },
             Err(_) => pre,
         };
+        hooks::observe(Observed::Malloc(post), key.raw());
         // On a post-hook error the allocation is dropped here, so the chunk goes back (firing the
         // free hooks, as in CuPy) and nothing leaks.
         hooks::fire("malloc_postprocess", |h| h.malloc_postprocess(&post))?;
@@ -510,14 +511,14 @@ impl<R: RawAllocator> Pool<R> {
                 }
             }
         }
-        let block = match self.reserve_and_allocate(block_len, hooked) {
+        let block = match self.reserve_and_allocate(block_len, key, hooked) {
             // The rounded block does not fit where the request alone might: ask for that.
             Err(e)
                 if block_len > mem_size
                     && (e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. })) =>
             {
                 block_len = mem_size;
-                self.reserve_and_allocate(mem_size, hooked)?
+                self.reserve_and_allocate(mem_size, key, hooked)?
             }
             other => other?,
         };
@@ -635,6 +636,8 @@ impl<R: RawAllocator> Pool<R> {
                 fused = st.release_free_blocks_of(1, &mut released);
                 self.shared.total_bytes.fetch_sub(fused, Ordering::Relaxed);
             }
+            drop(st);
+            self.observe_raw_frees(key, &released);
         }
         // The raw frees (driver calls) run after the lock is released.
         drop(released);
@@ -645,10 +648,10 @@ impl<R: RawAllocator> Pool<R> {
 
     /// Reserves `size` bytes against the limit and allocates the raw block, undoing the
     /// reservation on every way out: an error, a hook's error or a hook's panic.
-    fn reserve_and_allocate(&self, size: usize, hooked: bool) -> Result<R::Block> {
+    fn reserve_and_allocate(&self, size: usize, key: ArenaKey, hooked: bool) -> Result<R::Block> {
         self.reserve(size)?;
         let reservation = Reservation { total: &self.shared.total_bytes, size };
-        match self.allocate_raw(size, hooked) {
+        match self.allocate_raw(size, key, hooked) {
             Ok(block) => {
                 std::mem::forget(reservation);
                 self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
@@ -695,7 +698,7 @@ impl<R: RawAllocator> Pool<R> {
     /// Asks the raw allocator for `size` bytes: three attempts, releasing every arena's cached
     /// blocks before the second and the third (and waiting for fenced chunks before the third),
     /// with the alloc hooks around each. Every block is checked against the request.
-    fn allocate_raw(&self, size: usize, hooked: bool) -> Result<R::Block> {
+    fn allocate_raw(&self, size: usize, key: ArenaKey, hooked: bool) -> Result<R::Block> {
         let device_id = self.shared.device;
         let mut attempt = 0;
         loop {
@@ -710,6 +713,7 @@ impl<R: RawAllocator> Pool<R> {
                 .and_then(|block| raw::check_block(&block, device_id, size).map(|()| block));
             if hooked {
                 let mem_ptr = result.as_ref().map_or(0, RawBlock::address);
+                hooks::observe(Observed::Alloc(AllocEvent { mem_ptr, ..pre }), key.raw());
                 // On error the new block (if any) is dropped, i.e. freed: nothing leaks.
                 hooks::fire("alloc_postprocess", |h| h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre }))?;
             }
@@ -764,6 +768,7 @@ impl<R: RawAllocator> Pool<R> {
         };
         let mut released = Vec::new();
         for (key, arena) in arenas {
+            let first = released.len();
             let bytes;
             let empty;
             {
@@ -780,6 +785,7 @@ impl<R: RawAllocator> Pool<R> {
                 bytes = st.release_free_blocks(&mut released) + cut;
                 empty = st.is_empty();
             }
+            self.observe_raw_frees(key, &released[first..]);
             self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
             if empty {
                 let mut map = self.arenas.lock();
@@ -814,11 +820,17 @@ impl<R: RawAllocator> Pool<R> {
             }
             if let Some(mem) = arenas[i].state.lock().release_whole(slot, size) {
                 self.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
+                self.observe_raw_frees(arenas[i].key, std::slice::from_ref(&mem));
                 released.push(mem);
                 done = done.saturating_add(size);
             }
         }
         drop(released);
+    }
+
+    /// Tells the process-wide observers of raw blocks about to be given back.
+    fn observe_raw_frees(&self, key: ArenaKey, blocks: &[R::Block]) {
+        observe_raw_frees::<R>(self.shared.device, key, blocks);
     }
 
     fn sum_arenas(&self, f: impl Fn(&ArenaState<R::Block>) -> usize) -> usize {
@@ -1006,6 +1018,7 @@ impl<R: RawAllocator> Drop for Pool<R> {
             let mut released = Vec::new();
             let bytes = st.release_free_blocks(&mut released);
             self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            observe_raw_frees::<R>(self.shared.device, arena.key, &released);
             if st.n_lent > 0 {
                 st.orphaned = true;
                 ArenaRef::keep_alive(arena);
@@ -1132,7 +1145,9 @@ impl<R: RawAllocator> PooledMemory<R> {
         // The guard returns the chunk even if a pre-hook fails or panics.
         let guard = GiveBackOnDrop(Some((arena, self.slot, fence)));
         let pre = hooks::fire("free_preprocess", |h| h.free_preprocess(&event));
+        let key = guard.0.as_ref().map_or(ArenaKey::UNSET, |(a, _, _)| a.get().key);
         drop(guard);
+        hooks::observe(Observed::Free(event), key.raw());
         let post = hooks::fire("free_postprocess", |h| h.free_postprocess(&event));
         pre.and(post)
     }
@@ -1179,6 +1194,17 @@ fn release_fenced<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32, fence: 
     shared.any_fenced.store(true, Ordering::Release);
 }
 
+/// Tells the process-wide observers of raw blocks of arena `key` about to be given back.
+fn observe_raw_frees<R: RawAllocator>(device_id: DeviceId, key: ArenaKey, blocks: &[R::Block]) {
+    if !hooks::observed() {
+        return;
+    }
+    for b in blocks {
+        let event = AllocEvent { device_id, mem_size: b.size(), mem_ptr: b.address() };
+        hooks::observe(Observed::RawFree(event), key.raw());
+    }
+}
+
 /// Returns a chunk to its arena.
 #[inline]
 #[allow(unsafe_code)] // ending an orphaned arena; see `ArenaRef`
@@ -1192,6 +1218,9 @@ fn give_back<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32) {
     }
     let last_of_orphan = st.orphaned && st.n_lent == 0;
     drop(st);
+    if let Some((block, _)) = &released {
+        observe_raw_frees::<R>(a.shared.device, a.key, std::slice::from_ref(block));
+    }
     // The raw free (a driver call) runs outside the lock; the block is owned, not the arena's.
     drop(released);
     if last_of_orphan {
