@@ -72,9 +72,9 @@ pub use gpumem_core::{
     HookError, Limit, PinnedAllocator, PinnedBuffer, PlainAllocator, RawAllocator, RawBlock, Result, Runtime,
     StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
-pub use gpumem_hooks::{DebugPrintHook, Recorder, RecorderGuard};
 #[cfg(feature = "line-profile")]
 pub use gpumem_hooks::LineProfileHook;
+pub use gpumem_hooks::{DebugPrintHook, Recorder, RecorderGuard};
 
 /// The backend chosen at run time among those built in: CUDA where its driver finds a device,
 /// else HIP, else the host; `GPUMEM_BACKEND=cuda|hip|host` overrides. Use it as any backend:

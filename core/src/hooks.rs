@@ -169,8 +169,7 @@ thread_local! {
 #[must_use]
 pub fn active() -> bool {
     let state = HOOKED_THREADS.load(Ordering::Relaxed);
-    state != 0
-        && (state & OBSERVED != 0 || HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false))
+    state != 0 && (state & OBSERVED != 0 || HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false))
 }
 
 /// Calls `call` on every hook of the calling thread in registration order; stops at the first

@@ -61,15 +61,15 @@
 #![cfg_attr(not(feature = "line-profile"), allow(rustdoc::broken_intra_doc_links))]
 
 mod debug_print;
-mod recorder;
 #[cfg(feature = "line-profile")]
 mod line_profile;
+mod recorder;
 #[cfg(feature = "line-profile")]
 mod stack;
 
 pub use debug_print::DebugPrintHook;
-pub use recorder::{Recorder, RecorderGuard};
 #[cfg(feature = "line-profile")]
 pub use line_profile::{humanized_size, LineProfileHook, ProfileEntry};
+pub use recorder::{Recorder, RecorderGuard};
 #[cfg(feature = "line-profile")]
 pub use stack::StackFrame;

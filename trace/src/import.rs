@@ -163,8 +163,7 @@ pub fn pytorch(reader: impl Read) -> Result<(Trace, ImportReport)> {
     let mut reader = reader;
     let mut bytes = Vec::new();
     reader.read_to_end(&mut bytes)?;
-    let snapshot: Snapshot =
-        deser_pickle::from_slice(&bytes).map_err(|e| Error::Snapshot(e.to_string()))?;
+    let snapshot: Snapshot = deser_pickle::from_slice(&bytes).map_err(|e| Error::Snapshot(e.to_string()))?;
     if snapshot.device_traces.iter().all(Vec::is_empty) {
         return Err(Error::Snapshot(
             "the snapshot has no recorded history (device_traces is empty): record it with \

@@ -180,7 +180,10 @@ pub struct PoolSnapshot {
 
 impl PoolSnapshot {
     /// The segments of one arena, from its state.
-    pub(crate) fn segments_of(arena: ArenaKey, raw: Vec<(DevicePtr, usize, Vec<ChunkView>)>) -> Vec<SegmentSnapshot> {
+    pub(crate) fn segments_of(
+        arena: ArenaKey,
+        raw: Vec<(DevicePtr, usize, Vec<ChunkView>)>,
+    ) -> Vec<SegmentSnapshot> {
         raw.into_iter()
             .map(|(address, total_size, chunks)| SegmentSnapshot {
                 arena,

@@ -665,7 +665,9 @@ fn the_summary_is_a_table_of_the_statistics() {
     let _b = pool.malloc(100, ArenaKey::per_thread(4), &cache).unwrap();
     let text = pool.memory_summary();
     assert!(text.contains("gpumem memory summary, device 0"), "{text}");
-    let line = |start: &str| text.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}\n{text}"));
+    let line = |start: &str| {
+        text.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}\n{text}"))
+    };
     // 3 MiB + 512 B allocated: in KiB, as PyTorch switches units only past 768 of the next.
     assert_eq!(
         line("| Allocated memory"),

@@ -9,9 +9,9 @@ mod tests;
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::error::Error;
 use crate::error::Result;
 use crate::hal::{DeviceId, DevicePtr};
-use crate::error::Error;
 use crate::pool::{
     ArenaCache, ArenaKey, GrowthPolicy, Limit, Pool, PoolSnapshot, PoolStats, PooledMemory, RawAllocator,
 };

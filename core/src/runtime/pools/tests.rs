@@ -767,7 +767,10 @@ fn statistics_are_kept_per_stream_through_the_typed_pool() {
     assert_eq!(stats.arenas.len(), 2);
     let of = |k: ArenaKey| stats.arenas.iter().find(|a| a.arena == k).unwrap().stats;
     let st = of(s.arena_key());
-    assert_eq!((st.requested_bytes.peak, st.allocated_bytes.peak, st.allocated_bytes.current), (U as u64 + 1, 2 * U as u64, 0));
+    assert_eq!(
+        (st.requested_bytes.peak, st.allocated_bytes.peak, st.allocated_bytes.current),
+        (U as u64 + 1, 2 * U as u64, 0)
+    );
     assert_eq!((st.allocations.allocated, st.allocations.freed), (1, 1));
     assert_eq!(of(ArenaKey::NULL).allocated_bytes.current, 3 * U as u64);
     assert_eq!(stats.all.reserved_bytes.current, pool.total_bytes() as u64);
