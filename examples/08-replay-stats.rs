@@ -42,10 +42,11 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let p = if stream == 0 {
                     pool.malloc_pooled(size)?
                 } else {
-                    if !streams.contains_key(&stream) {
-                        streams.insert(stream, Stream::non_blocking()?);
-                    }
-                    let _on = streams[&stream].enter()?;
+                    let s = match streams.entry(stream) {
+                        std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+                        std::collections::hash_map::Entry::Vacant(e) => e.insert(Stream::non_blocking()?),
+                    };
+                    let _on = s.enter()?;
                     pool.malloc_pooled(size)?
                 };
                 live.insert(id, p);
