@@ -529,6 +529,22 @@ fn hook_costs(report: &mut Report) {
         "ns",
         true,
     );
+    // The process-wide recorder: every thread's operations, one lock per line.
+    let recorder = gpumem::Recorder::new(BufWriter::new(std::io::sink())).install();
+    let recorded = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
+    drop(recorder);
+    report.add(
+        "hooks",
+        "cache hit, process-wide Recorder installed",
+        recorded,
+        "cache hit, no hook",
+        Some(bare),
+        "ns",
+        true,
+    );
+    // Reading the statistics (each arena's lock once) and the summary table.
+    let stats = ns_per_iter(9, 20_000, || drop(black_box(pool.stats())));
+    report.add("hooks", "pool.stats(), one arena", stats, "cache hit, no hook", Some(bare), "ns", true);
     // The hook machinery's cost when no hook is installed: the check alone.
     let check = ns_per_iter(9, 10_000_000, || {
         black_box(hooks::active());

@@ -79,9 +79,9 @@ pub use gpumem_core::{
     PlainPinnedAllocator, RawAllocator, RawBlock, Result, Runtime, StreamOptions, ALLOCATION_UNIT_SIZE,
     LIMIT_ENV,
 };
-pub use gpumem_hooks::DebugPrintHook;
 #[cfg(feature = "line-profile")]
 pub use gpumem_hooks::{humanized_size, LineProfileHook, ProfileEntry, StackFrame};
+pub use gpumem_hooks::{DebugPrintHook, Recorder, RecorderGuard};
 
 /// The backend chosen at run time among those built in: CUDA where its driver finds a device,
 /// else HIP, else the host; `GPUMEM_BACKEND=cuda|hip|host` overrides. Use it as any backend:

@@ -21,6 +21,14 @@
 //! [`PooledMemory::free`](crate::PooledMemory::free).
 //!
 //! While no thread has a hook installed, the pool pays one relaxed atomic load per operation.
+//!
+//! # Process-wide observers
+//!
+//! A [`ProcessObserver`] sees the outcome of every operation of every thread (the post
+//! callbacks' events, and each raw block given back), with the arena (stream) it was made on;
+//! it cannot stop an operation. It is what a recorder of the whole process needs, where a
+//! per-thread hook sees only its own thread. Installing one sets a bit of the same atomic that
+//! counts hooked threads, so the check on the hot path stays one relaxed load.
 
 use std::cell::RefCell;
 use std::fmt;
@@ -137,6 +145,9 @@ pub trait MemoryHook {
 /// Threads with at least one hook installed. Zero lets the pool skip the thread-local check.
 static HOOKED_THREADS: AtomicUsize = AtomicUsize::new(0);
 
+/// The bit of `HOOKED_THREADS` set while a process-wide observer is installed.
+const OBSERVED: usize = 1 << (usize::BITS - 1);
+
 struct Registry {
     hooks: Vec<Rc<dyn MemoryHook>>,
 }
@@ -157,8 +168,8 @@ thread_local! {
 #[inline]
 #[must_use]
 pub fn active() -> bool {
-    HOOKED_THREADS.load(Ordering::Relaxed) != 0
-        && HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false)
+    let state = HOOKED_THREADS.load(Ordering::Relaxed);
+    state != 0 && (state & OBSERVED != 0 || HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false))
 }
 
 /// Calls `call` on every hook of the calling thread in registration order; stops at the first
@@ -307,4 +318,90 @@ pub(crate) fn record_drop_error(error: Error) {
 #[must_use]
 pub fn take_drop_error() -> Option<Error> {
     DROP_ERROR.try_with(|slot| slot.borrow_mut().take()).ok().flatten()
+}
+
+/// What a [`ProcessObserver`] sees: one operation's outcome.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Observed {
+    /// A raw allocation (`mem_ptr` 0 when it failed), as `alloc_postprocess` sees it.
+    Alloc(AllocEvent),
+    /// A pool allocation (`mem_ptr` and `pmem_id` 0 when it failed), as `malloc_postprocess`.
+    Malloc(MallocEvent),
+    /// A chunk given back to the pool, as `free_postprocess`.
+    Free(FreeEvent),
+    /// A raw block given back to the raw allocator (no CuPy hook has it).
+    RawFree(AllocEvent),
+}
+
+/// One observed operation and the arena it belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Observation {
+    /// The operation.
+    pub event: Observed,
+    /// The arena's key as a number (`ArenaKey::raw`): a stream's raw handle, or the per-thread
+    /// flag (the top bit) and a thread's number.
+    pub arena: u64,
+}
+
+/// Sees every operation of every thread's pools, after it happened. Called on the thread that
+/// made the operation, outside the pool's locks; it must not allocate from a pool (it would see
+/// its own allocation, and recurse).
+pub trait ProcessObserver: Send + Sync + 'static {
+    /// One operation.
+    fn observe(&self, observation: &Observation);
+}
+
+static OBSERVERS: parking_lot::RwLock<Vec<std::sync::Arc<dyn ProcessObserver>>> =
+    parking_lot::RwLock::new(Vec::new());
+
+/// Installs a process-wide observer until the guard is dropped.
+pub fn install_process_observer(observer: std::sync::Arc<dyn ProcessObserver>) -> ProcessObserverGuard {
+    let mut list = OBSERVERS.write();
+    list.push(std::sync::Arc::clone(&observer));
+    HOOKED_THREADS.fetch_or(OBSERVED, Ordering::Relaxed);
+    ProcessObserverGuard { observer }
+}
+
+/// Removes its observer when dropped.
+#[must_use = "the observer is removed as soon as the guard is dropped"]
+pub struct ProcessObserverGuard {
+    observer: std::sync::Arc<dyn ProcessObserver>,
+}
+
+impl Drop for ProcessObserverGuard {
+    fn drop(&mut self) {
+        let mut list = OBSERVERS.write();
+        let target = std::sync::Arc::as_ptr(&self.observer).cast::<()>();
+        if let Some(i) = list.iter().position(|o| std::sync::Arc::as_ptr(o).cast::<()>() == target) {
+            list.remove(i);
+        }
+        if list.is_empty() {
+            HOOKED_THREADS.fetch_and(!OBSERVED, Ordering::Relaxed);
+        }
+    }
+}
+
+impl fmt::Debug for ProcessObserverGuard {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("ProcessObserverGuard")
+    }
+}
+
+/// Whether a process-wide observer is installed.
+#[inline]
+#[must_use]
+pub fn observed() -> bool {
+    HOOKED_THREADS.load(Ordering::Relaxed) & OBSERVED != 0
+}
+
+/// Tells every process-wide observer of `event` in arena `arena`.
+pub(crate) fn observe(event: Observed, arena: u64) {
+    if !observed() {
+        return;
+    }
+    let list: Vec<std::sync::Arc<dyn ProcessObserver>> = OBSERVERS.read().clone();
+    let observation = Observation { event, arena };
+    for o in list {
+        o.observe(&observation);
+    }
 }

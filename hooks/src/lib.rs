@@ -63,11 +63,13 @@
 mod debug_print;
 #[cfg(feature = "line-profile")]
 mod line_profile;
+mod recorder;
 #[cfg(feature = "line-profile")]
 mod stack;
 
 pub use debug_print::DebugPrintHook;
 #[cfg(feature = "line-profile")]
 pub use line_profile::{humanized_size, LineProfileHook, ProfileEntry};
+pub use recorder::{Recorder, RecorderGuard};
 #[cfg(feature = "line-profile")]
 pub use stack::StackFrame;

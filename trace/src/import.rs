@@ -3,7 +3,7 @@
 use std::collections::HashMap;
 use std::io::{BufRead, Read};
 
-use serde::Deserialize;
+use deser::Deserialize;
 
 use crate::error::{Error, Result};
 use crate::format::{self, Event, Header, Hook, Phase, Trace};
@@ -59,58 +59,58 @@ pub fn cupy(reader: impl BufRead, strict: bool) -> Result<(Trace, ImportReport)>
 /// PyTorch's `torch.cuda.memory._snapshot()`, the parts the importer reads.
 #[derive(Debug, Default, Deserialize)]
 struct Snapshot {
-    #[serde(default)]
+    #[deser(default)]
     segments: Vec<Segment>,
-    #[serde(default)]
+    #[deser(default)]
     device_traces: Vec<Vec<TraceEntry>>,
 }
 
 #[derive(Debug, Deserialize)]
 struct Segment {
-    #[serde(default)]
+    #[deser(default)]
     device: i64,
     address: u64,
     total_size: u64,
-    #[serde(default)]
+    #[deser(default)]
     stream: i64,
-    #[serde(default)]
+    #[deser(default)]
     blocks: Vec<Block>,
 }
 
 #[derive(Debug, Deserialize)]
 struct Block {
     size: u64,
-    #[serde(default)]
+    #[deser(default)]
     requested_size: Option<u64>,
-    #[serde(default)]
+    #[deser(default)]
     address: Option<u64>,
     state: String,
-    #[serde(default)]
+    #[deser(default)]
     frames: Vec<Frame>,
 }
 
 #[derive(Debug, Deserialize)]
 struct TraceEntry {
     action: String,
-    #[serde(default)]
+    #[deser(default)]
     addr: Option<u64>,
-    #[serde(default)]
+    #[deser(default)]
     size: Option<u64>,
-    #[serde(default)]
+    #[deser(default)]
     stream: Option<i64>,
-    #[serde(default)]
+    #[deser(default)]
     time_us: Option<i64>,
-    #[serde(default)]
+    #[deser(default)]
     frames: Vec<Frame>,
 }
 
 #[derive(Debug, Deserialize)]
 struct Frame {
-    #[serde(default)]
+    #[deser(default)]
     filename: String,
-    #[serde(default)]
+    #[deser(default)]
     line: i64,
-    #[serde(default)]
+    #[deser(default)]
     name: String,
 }
 
@@ -156,9 +156,14 @@ fn site(frames: &[Frame]) -> Option<String> {
 ///
 /// [`Error::Snapshot`] when the pickle cannot be read or is not a snapshot.
 pub fn pytorch(reader: impl Read) -> Result<(Trace, ImportReport)> {
-    let options = serde_pickle::DeOptions::new().replace_unresolved_globals();
-    let snapshot: Snapshot =
-        serde_pickle::from_reader(reader, options).map_err(|e| Error::Snapshot(e.to_string()))?;
+    // PyTorch memoises the frames of its tracebacks and shares them between entries (and the
+    // frame lists between an entry and its segment's); deser-pickle emits a shared value at every
+    // place it is reached, as Python's unpickler does. Classes and functions are never imported:
+    // a global is read as its dotted path, which no field of the snapshot needs.
+    let mut reader = reader;
+    let mut bytes = Vec::new();
+    reader.read_to_end(&mut bytes)?;
+    let snapshot: Snapshot = deser_pickle::from_slice(&bytes).map_err(|e| Error::Snapshot(e.to_string()))?;
     if snapshot.device_traces.iter().all(Vec::is_empty) {
         return Err(Error::Snapshot(
             "the snapshot has no recorded history (device_traces is empty): record it with \

@@ -173,4 +173,11 @@ fn the_recorded_snapshot_imports_to_the_peaks_pytorch_reported() {
     assert_eq!(s.live_at_end, t("allocation.all.current"));
     // Blocks are at least the rounded request (larger where a segment's rest was not split).
     assert!(s.peak_in_use_rounded <= t("active_bytes.all.peak"));
+    // PyTorch's pickle shares each traceback's frames between entries: every allocation still
+    // has its own call site, in the script that recorded it.
+    let sites: Vec<&str> =
+        trace.events.iter().filter(|e| e.kind() == Hook::Malloc).filter_map(|e| e.site.as_deref()).collect();
+    assert_eq!(sites.len() as u64, t("allocation.all.allocated"));
+    // The innermost frame is the script's allocating helper, one shared frame for all of them.
+    assert!(sites.iter().all(|s| *s == "make_torch_snapshot.py:34:empty"), "{sites:?}");
 }

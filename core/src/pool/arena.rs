@@ -13,9 +13,12 @@ use super::index::{bin_for, FreeIndex, NIL};
 use super::policy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum State {
+pub(crate) enum State {
     Free,
     Lent,
+    /// Freed behind a fence that has not been seen complete: still lent (and active), no longer
+    /// allocated.
+    Fenced,
     Vacant,
 }
 
@@ -32,6 +35,9 @@ struct Chunk {
     bin: u32,
     /// Which free index the chunk's block belongs to (see `policy::class`).
     class: u8,
+    /// A lent chunk's size less the bytes asked for (under the allocation unit, so it fits the
+    /// struct's padding): the requested-bytes statistic needs it back at the free.
+    slack: u16,
 }
 
 /// The chunks of one arena. See the module docs.
@@ -63,6 +69,120 @@ pub(crate) struct ArenaState<K> {
     pub(crate) used_bytes: usize,
     /// Chunks lent out.
     pub(crate) n_lent: usize,
+    /// The statistics (plain integers: the arena's lock guards them).
+    pub(crate) counters: Counters,
+}
+
+/// An arena's statistics, as PyTorch's allocator counts them (`DeviceStats`), kept under the
+/// arena's lock. Totals only grow; a current value is a total less what went back, so the hot
+/// path adds and compares, and never reads another arena's or the pool's state.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct Counters {
+    /// Chunks lent (cache hits and misses) and freed by their owner (a fenced chunk at its
+    /// fence, not when it comes back).
+    pub(crate) allocs: u64,
+    pub(crate) frees: u64,
+    /// Rounded bytes lent and freed, likewise.
+    pub(crate) bytes_lent: u64,
+    pub(crate) bytes_freed: u64,
+    /// Requested bytes lent and freed.
+    pub(crate) requested_lent: u64,
+    pub(crate) requested_freed: u64,
+    /// Lends served by a new or grown block.
+    pub(crate) misses: u64,
+    /// Raw blocks kept by the arena and released by it, and their bytes (grown and shrunk
+    /// tails included in the bytes).
+    pub(crate) raw_allocs: u64,
+    pub(crate) raw_frees: u64,
+    pub(crate) reserved_in: u64,
+    pub(crate) reserved_out: u64,
+    /// Peaks since the arena was made or its peaks were reset.
+    pub(crate) peak_allocated: u64,
+    pub(crate) peak_active: u64,
+    pub(crate) peak_requested: u64,
+    pub(crate) peak_allocations: u64,
+    pub(crate) peak_active_allocations: u64,
+    pub(crate) peak_reserved: u64,
+    pub(crate) peak_segments: u64,
+}
+
+impl Counters {
+    /// A lend of `size` rounded bytes for a request of `requested`, with `used` bytes and `lent`
+    /// chunks active after it.
+    #[inline(always)]
+    fn on_lend(&mut self, size: usize, requested: usize, used: usize, lent: usize) {
+        self.allocs += 1;
+        self.bytes_lent += size as u64;
+        self.requested_lent += requested as u64;
+        self.peak_allocated = self.peak_allocated.max(self.bytes_lent - self.bytes_freed);
+        self.peak_requested = self.peak_requested.max(self.requested_lent - self.requested_freed);
+        self.peak_allocations = self.peak_allocations.max(self.allocs - self.frees);
+        self.peak_active = self.peak_active.max(used as u64);
+        self.peak_active_allocations = self.peak_active_allocations.max(lent as u64);
+    }
+
+    /// The owner's free of a chunk of `size` rounded bytes whose request was `requested`.
+    #[inline(always)]
+    fn on_free(&mut self, size: usize, requested: usize) {
+        self.frees += 1;
+        self.bytes_freed += size as u64;
+        self.requested_freed += requested as u64;
+    }
+
+    fn on_reserve(&mut self, bytes: usize, new_block: bool) {
+        self.reserved_in += bytes as u64;
+        self.raw_allocs += u64::from(new_block);
+        self.peak_reserved = self.peak_reserved.max(self.reserved_in - self.reserved_out);
+        self.peak_segments = self.peak_segments.max(self.raw_allocs - self.raw_frees);
+    }
+
+    fn on_unreserve(&mut self, bytes: usize, whole_block: bool) {
+        self.reserved_out += bytes as u64;
+        self.raw_frees += u64::from(whole_block);
+    }
+
+    /// Adds `other`'s totals to these, and its peaks (so that a sum of peaks stays a bound of
+    /// the pool's).
+    pub(crate) fn absorb(&mut self, other: &Counters) {
+        self.allocs += other.allocs;
+        self.frees += other.frees;
+        self.bytes_lent += other.bytes_lent;
+        self.bytes_freed += other.bytes_freed;
+        self.requested_lent += other.requested_lent;
+        self.requested_freed += other.requested_freed;
+        self.misses += other.misses;
+        self.raw_allocs += other.raw_allocs;
+        self.raw_frees += other.raw_frees;
+        self.reserved_in += other.reserved_in;
+        self.reserved_out += other.reserved_out;
+        self.peak_allocated += other.peak_allocated;
+        self.peak_active += other.peak_active;
+        self.peak_requested += other.peak_requested;
+        self.peak_allocations += other.peak_allocations;
+        self.peak_active_allocations += other.peak_active_allocations;
+        self.peak_reserved += other.peak_reserved;
+        self.peak_segments += other.peak_segments;
+    }
+
+    /// Sets every peak to its current value.
+    pub(crate) fn reset_peaks(&mut self, used: usize, lent: usize) {
+        self.peak_allocated = self.bytes_lent - self.bytes_freed;
+        self.peak_requested = self.requested_lent - self.requested_freed;
+        self.peak_allocations = self.allocs - self.frees;
+        self.peak_active = used as u64;
+        self.peak_active_allocations = lent as u64;
+        self.peak_reserved = self.reserved_in - self.reserved_out;
+        self.peak_segments = self.raw_allocs - self.raw_frees;
+    }
+}
+
+/// One chunk as a snapshot shows it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ChunkView {
+    pub(crate) ptr: DevicePtr,
+    pub(crate) size: usize,
+    pub(crate) requested: usize,
+    pub(crate) state: State,
 }
 
 /// A chunk handed out: its slot and address.
@@ -70,6 +190,13 @@ pub(crate) struct ArenaState<K> {
 pub(crate) struct Lent {
     pub(crate) slot: u32,
     pub(crate) ptr: DevicePtr,
+}
+
+/// A lent chunk's rounding slack: `size - requested`, under the allocation unit.
+#[inline(always)]
+fn slack(size: usize, requested: usize) -> u16 {
+    debug_assert!(requested <= size && size - requested < super::UNIT);
+    (size - requested) as u16
 }
 
 impl<K: RawBlock> ArenaState<K> {
@@ -88,6 +215,7 @@ impl<K: RawBlock> ArenaState<K> {
             growable: None,
             used_bytes: 0,
             n_lent: 0,
+            counters: Counters::default(),
         }
     }
 
@@ -156,17 +284,19 @@ impl<K: RawBlock> ArenaState<K> {
     /// Lends the best-fitting free chunk for `size` bytes, splitting off and keeping the rest
     /// (CuPy's split: the head is lent, the remainder stays free, unmerged).
     #[inline(always)]
-    pub(crate) fn take(&mut self, size: usize) -> Option<Lent> {
+    pub(crate) fn take(&mut self, size: usize, requested: usize) -> Option<Lent> {
         let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
         let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
         self.n_lent += 1;
         self.used_bytes += size;
+        self.counters.on_lend(size, requested, self.used_bytes, self.n_lent);
         if found > size {
             self.split(slot, size, found);
         }
         let chunk = &mut self.chunks[slot as usize];
         debug_assert!(chunk.state == State::Free && chunk.size == size);
         chunk.state = State::Lent;
+        chunk.slack = slack(size, requested);
         Some(Lent { slot, ptr: chunk.ptr })
     }
 
@@ -182,6 +312,7 @@ impl<K: RawBlock> ArenaState<K> {
             state: State::Free,
             bin: bin_for(found - size),
             class: head.class,
+            slack: 0,
         });
         if head.next != NIL {
             self.chunks[head.next as usize].prev = rest;
@@ -193,7 +324,7 @@ impl<K: RawBlock> ArenaState<K> {
 
     /// Adds a new raw block, of which the pool asked for (and counts) `whole` bytes, and lends its
     /// first `size` bytes; the rest stays free.
-    pub(crate) fn lend_new_block(&mut self, mem: K, whole: usize, size: usize) -> Lent {
+    pub(crate) fn lend_new_block(&mut self, mem: K, whole: usize, size: usize, requested: usize) -> Lent {
         let ptr = mem.address();
         debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
         let block = match self.vacant_blocks.pop() {
@@ -217,6 +348,7 @@ impl<K: RawBlock> ArenaState<K> {
             state: State::Lent,
             bin: bin_for(whole),
             class,
+            slack: slack(size, requested),
         });
         if whole > size {
             self.split(slot, size, whole);
@@ -224,6 +356,9 @@ impl<K: RawBlock> ArenaState<K> {
         self.growable = Some(block);
         self.used_bytes += size;
         self.n_lent += 1;
+        self.counters.on_reserve(whole, true);
+        self.counters.misses += 1;
+        self.counters.on_lend(size, requested, self.used_bytes, self.n_lent);
         Lent { slot, ptr }
     }
 
@@ -232,10 +367,14 @@ impl<K: RawBlock> ArenaState<K> {
     /// released and returned for the caller to free outside the lock.
     #[inline(always)]
     pub(crate) fn give_back(&mut self, slot: u32) -> Option<(K, usize)> {
-        let Chunk { size, prev, next, state, .. } = self.chunks[slot as usize];
-        debug_assert_eq!(state, State::Lent, "a chunk went back twice");
+        let Chunk { size, prev, next, state, slack, .. } = self.chunks[slot as usize];
+        debug_assert!(matches!(state, State::Lent | State::Fenced), "a chunk went back twice");
         self.used_bytes -= size;
         self.n_lent -= 1;
+        // A fenced chunk's free was counted at its fence.
+        if state == State::Lent {
+            self.counters.on_free(size, size - usize::from(slack));
+        }
         let slot = if self.is_free(next) || self.is_free(prev) { self.merge(slot) } else { slot };
         if self.orphaned {
             return self.release_if_whole(slot);
@@ -291,6 +430,7 @@ impl<K: RawBlock> ArenaState<K> {
 
     fn release(&mut self, slot: u32) -> (K, usize) {
         let chunk = self.chunks[slot as usize];
+        self.counters.on_unreserve(chunk.size, true);
         self.vacate(slot);
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
         if self.growable == Some(chunk.block) {
@@ -376,6 +516,8 @@ impl<K: RawBlock> ArenaState<K> {
         if !grow(mem)? {
             return Ok(false);
         }
+        self.counters.on_reserve(extra, false);
+        self.counters.misses += 1;
         let c = self.chunks[last as usize];
         if c.state == State::Free {
             self.unmark_free(last);
@@ -391,6 +533,7 @@ impl<K: RawBlock> ArenaState<K> {
                 state: State::Free,
                 bin: bin_for(extra),
                 class: c.class,
+                slack: 0,
             });
             self.chunks[last as usize].next = tail;
             self.mark_free(tail);
@@ -420,6 +563,7 @@ impl<K: RawBlock> ArenaState<K> {
             if cut == 0 || !shrink(mem, cut) {
                 continue;
             }
+            self.counters.on_unreserve(cut, false);
             self.unmark_free(slot);
             if cut == c.size {
                 let prev = c.prev;
@@ -442,6 +586,39 @@ impl<K: RawBlock> ArenaState<K> {
         }
         self.unmark_free(slot);
         Some(self.release(slot).0)
+    }
+
+    /// Marks a lent chunk freed behind a fence (it stays lent until the fence completes) and
+    /// counts its free.
+    pub(crate) fn mark_fenced(&mut self, slot: u32) {
+        let c = &mut self.chunks[slot as usize];
+        debug_assert_eq!(c.state, State::Lent, "a chunk was freed twice");
+        c.state = State::Fenced;
+        let (size, slack) = (c.size, c.slack);
+        self.counters.on_free(size, size - usize::from(slack));
+    }
+
+    /// Every raw block's chunks in address order, as `(address, size, chunks)`.
+    pub(crate) fn segments(&self) -> Vec<(DevicePtr, usize, Vec<ChunkView>)> {
+        let mut out = Vec::new();
+        for slot in 0..self.chunks.len() as u32 {
+            let c = &self.chunks[slot as usize];
+            if c.state == State::Vacant || c.prev != NIL {
+                continue;
+            }
+            let mut views = Vec::new();
+            let mut at = slot;
+            while at != NIL {
+                let c = &self.chunks[at as usize];
+                let requested = if c.state == State::Free { 0 } else { c.size - usize::from(c.slack) };
+                views.push(ChunkView { ptr: c.ptr, size: c.size, requested, state: c.state });
+                at = c.next;
+            }
+            let size = views.iter().map(|v| v.size).sum();
+            out.push((c.ptr, size, views));
+        }
+        out.sort_unstable_by_key(|s| s.0);
+        out
     }
 
     /// Every free chunk as `(ptr, size)`, for tests and debug dumps.

@@ -39,6 +39,7 @@ mod limit;
 pub mod pinned;
 mod policy;
 mod raw;
+pub mod stats;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -53,11 +54,15 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::hal::types::{DeviceId, DevicePtr};
-use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent};
+use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent, Observed};
 
 use arena::{ArenaState, Lent};
 pub use limit::{Limit, LIMIT_ENV};
 pub use raw::{RawAllocator, RawBlock};
+pub use stats::{
+    ArenaStats, BlockSnapshot, BlockState, MemoryStats, OomObserver, PoolSnapshot, PoolStats,
+    SegmentSnapshot, Stat,
+};
 pub use sync::ArenaCache;
 use sync::{ArenaLock, ArenaRef};
 
@@ -108,7 +113,9 @@ pub enum GrowthPolicy {
 
 /// Which arena a stream's allocations go to: the stream's raw handle, or a per-thread number for
 /// the per-thread default stream (whose raw value, 2, is the same on every thread).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(transparent))]
 pub struct ArenaKey(u64);
 
 impl ArenaKey {
@@ -129,6 +136,19 @@ impl ArenaKey {
     #[must_use]
     pub fn per_thread(thread: u64) -> ArenaKey {
         ArenaKey(Self::PER_THREAD | thread)
+    }
+
+    /// The key as a number: a stream's raw handle, or the per-thread flag (the top bit) and a
+    /// thread's number.
+    #[must_use]
+    pub fn raw(self) -> u64 {
+        self.0
+    }
+
+    /// The thread's number, for the arena of a per-thread default stream.
+    #[must_use]
+    pub fn per_thread_number(self) -> Option<u64> {
+        (self != Self::UNSET && self.0 & Self::PER_THREAD != 0).then_some(self.0 & !Self::PER_THREAD)
     }
 }
 
@@ -152,6 +172,20 @@ struct Shared<R: RawAllocator> {
     reclaimer: std::sync::OnceLock<Reclaimer>,
     /// Misses grow the arena's newest block in place (the allocator is expandable).
     expandable: AtomicBool,
+    /// The most bytes held from the raw allocator at once since the last peak reset.
+    peak_total: AtomicUsize,
+    /// Allocations that failed for want of memory (the limit or the device).
+    n_oom: AtomicU64,
+    /// Allocations that went down the retry ladder (released the cache and tried again).
+    n_retries: AtomicU64,
+    /// The counters of arenas dropped from the pool (they had no memory left), so that the
+    /// pool's totals do not go back when an arena goes.
+    retired: Mutex<arena::Counters>,
+    /// Arenas that existed since the last peak reset: with one, the pool's peaks are that
+    /// arena's, exact; with several, a pool-wide peak is bounded by the sum of theirs.
+    arenas_since_reset: AtomicUsize,
+    /// Called with the pool's snapshot before an out-of-memory error returns.
+    oom_observers: Mutex<Vec<Arc<OomObserver>>>,
 }
 
 /// What [`Pool::set_reclaimer`] installs.
@@ -200,6 +234,7 @@ pub trait Fence: Send + Sync + 'static {
 }
 
 pub(crate) struct Arena<R: RawAllocator> {
+    key: ArenaKey,
     uid: u32,
     shared: Arc<Shared<R>>,
     state: ArenaLock<ArenaState<R::Block>>,
@@ -249,6 +284,12 @@ impl<R: RawAllocator> Pool<R> {
                 any_fenced: AtomicBool::new(false),
                 reclaimer: std::sync::OnceLock::new(),
                 expandable: AtomicBool::new(false),
+                peak_total: AtomicUsize::new(0),
+                n_oom: AtomicU64::new(0),
+                n_retries: AtomicU64::new(0),
+                retired: Mutex::new(arena::Counters::default()),
+                arenas_since_reset: AtomicUsize::new(0),
+                oom_observers: Mutex::new(Vec::new()),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -294,7 +335,7 @@ impl<R: RawAllocator> Pool<R> {
     pub fn malloc(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
         let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if !hooks::active() {
-            return self.lend(mem_size, key, cache, false);
+            return self.lend(size, mem_size, key, cache, false);
         }
         self.malloc_hooked(size, mem_size, key, cache)
     }
@@ -310,21 +351,23 @@ impl<R: RawAllocator> Pool<R> {
         let device_id = self.shared.device;
         let pre = MallocEvent { device_id, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire("malloc_preprocess", |h| h.malloc_preprocess(&pre))?;
-        let result = self.lend(mem_size, key, cache, true);
+        let result = self.lend(size, mem_size, key, cache, true);
         let post = match &result {
             Ok(p) => MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre },
             Err(_) => pre,
         };
+        hooks::observe(Observed::Malloc(post), key.raw());
         // On a post-hook error the allocation is dropped here, so the chunk goes back (firing the
         // free hooks, as in CuPy) and nothing leaks.
         hooks::fire("malloc_postprocess", |h| h.malloc_postprocess(&post))?;
         result
     }
 
-    /// Lends a chunk of `mem_size` (already rounded) bytes from arena `key`.
+    /// Lends a chunk of `mem_size` (`size` rounded) bytes from arena `key`.
     #[inline]
     fn lend(
         &self,
+        size: usize,
         mem_size: usize,
         key: ArenaKey,
         cache: &ArenaCache,
@@ -340,19 +383,20 @@ impl<R: RawAllocator> Pool<R> {
             if st.retired {
                 return None;
             }
-            let lent = st.take(mem_size)?;
+            let lent = st.take(mem_size, size)?;
             drop(st);
             Some(PooledMemory::lent(arena, lent, mem_size))
         });
         match hit.flatten() {
             Some(p) => Ok(p),
-            None => self.lend_slow(mem_size, key, cache, hooked),
+            None => self.lend_slow(size, mem_size, key, cache, hooked),
         }
     }
 
     #[cold]
     fn lend_slow(
         &self,
+        size: usize,
         mem_size: usize,
         key: ArenaKey,
         cache: &ArenaCache,
@@ -366,13 +410,34 @@ impl<R: RawAllocator> Pool<R> {
         {
             let mut st = arena.state.lock();
             if !st.retired {
-                if let Some(lent) = st.take(mem_size) {
+                if let Some(lent) = st.take(mem_size, size) {
                     drop(st);
                     return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
                 }
             }
         }
-        self.grow(mem_size, key, cache, hooked)
+        match self.grow(size, mem_size, key, cache, hooked) {
+            Err(e) if e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. }) => {
+                self.shared.n_oom.fetch_add(1, Ordering::Relaxed);
+                self.notify_oom(&e);
+                Err(e)
+            }
+            other => other,
+        }
+    }
+
+    /// Calls the out-of-memory observers with the pool's snapshot (outside every lock, so an
+    /// observer may read the pool's statistics or free memory).
+    #[cold]
+    fn notify_oom(&self, error: &Error) {
+        let observers: Vec<Arc<OomObserver>> = self.shared.oom_observers.lock().clone();
+        if observers.is_empty() {
+            return;
+        }
+        let snapshot = self.snapshot();
+        for observer in observers {
+            observer(error, &snapshot);
+        }
     }
 
     /// The arena `key`, from the thread's cache or the pool's map (a retired arena in the cache is
@@ -395,7 +460,9 @@ impl<R: RawAllocator> Pool<R> {
             let mut state = ArenaState::new();
             state.bounded_split = self.growth_policy() == GrowthPolicy::HoldPeakInUse;
             state.segmented = self.growth_policy() == GrowthPolicy::Segments;
+            self.shared.arenas_since_reset.fetch_add(1, Ordering::Relaxed);
             Arc::new(Arena {
+                key,
                 uid: self.next_arena.fetch_add(1, Ordering::Relaxed),
                 shared: Arc::clone(&self.shared),
                 state: ArenaLock::new(state),
@@ -408,6 +475,7 @@ impl<R: RawAllocator> Pool<R> {
     #[cold]
     fn grow(
         &self,
+        size: usize,
         mem_size: usize,
         key: ArenaKey,
         cache: &ArenaCache,
@@ -418,7 +486,7 @@ impl<R: RawAllocator> Pool<R> {
         if self.shared.expandable.load(Ordering::Relaxed)
             && self.growth_policy() != GrowthPolicy::HoldPeakInUse
         {
-            if let Some(p) = self.grow_in_place(mem_size, key, cache)? {
+            if let Some(p) = self.grow_in_place(size, mem_size, key, cache)? {
                 return Ok(p);
             }
         }
@@ -444,14 +512,14 @@ impl<R: RawAllocator> Pool<R> {
                 }
             }
         }
-        let block = match self.reserve_and_allocate(block_len, hooked) {
+        let block = match self.reserve_and_allocate(block_len, key, hooked) {
             // The rounded block does not fit where the request alone might: ask for that.
             Err(e)
                 if block_len > mem_size
                     && (e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. })) =>
             {
                 block_len = mem_size;
-                self.reserve_and_allocate(mem_size, hooked)?
+                self.reserve_and_allocate(mem_size, key, hooked)?
             }
             other => other?,
         };
@@ -464,7 +532,7 @@ impl<R: RawAllocator> Pool<R> {
                 continue;
             }
             let Some(block) = block.take() else { unreachable!("the block is lent once") };
-            let lent = st.lend_new_block(block, block_len, mem_size);
+            let lent = st.lend_new_block(block, block_len, mem_size, size);
             drop(st);
             return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
         }
@@ -477,6 +545,7 @@ impl<R: RawAllocator> Pool<R> {
     /// the arena's lock is held across the allocator's call, so only this arena's stream waits.
     fn grow_in_place(
         &self,
+        size: usize,
         mem_size: usize,
         key: ArenaKey,
         cache: &ArenaCache,
@@ -493,7 +562,7 @@ impl<R: RawAllocator> Pool<R> {
         };
         if extra == 0 {
             // The tail fits after all (a fence completed, or another request's chunk came back).
-            if let Some(lent) = st.take(mem_size) {
+            if let Some(lent) = st.take(mem_size, size) {
                 drop(st);
                 return Ok(Some(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size)));
             }
@@ -518,11 +587,12 @@ impl<R: RawAllocator> Pool<R> {
             self.shared.total_bytes.fetch_sub(extra, Ordering::Relaxed);
             return Ok(None);
         }
+        self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
         // The grown tail holds the request, in the request's free index; best fit may still pick
         // a smaller free chunk that fits, which is as good.
         // `HoldPeakInUse`'s bound on splits does not apply: the tail was grown for this request.
         let bounded = std::mem::replace(&mut st.bounded_split, false);
-        let lent = st.take(mem_size);
+        let lent = st.take(mem_size, size);
         st.bounded_split = bounded;
         let Some(lent) = lent else { return Ok(None) };
         drop(st);
@@ -567,6 +637,8 @@ impl<R: RawAllocator> Pool<R> {
                 fused = st.release_free_blocks_of(1, &mut released);
                 self.shared.total_bytes.fetch_sub(fused, Ordering::Relaxed);
             }
+            drop(st);
+            self.observe_raw_frees(key, &released);
         }
         // The raw frees (driver calls) run after the lock is released.
         drop(released);
@@ -577,12 +649,13 @@ impl<R: RawAllocator> Pool<R> {
 
     /// Reserves `size` bytes against the limit and allocates the raw block, undoing the
     /// reservation on every way out: an error, a hook's error or a hook's panic.
-    fn reserve_and_allocate(&self, size: usize, hooked: bool) -> Result<R::Block> {
+    fn reserve_and_allocate(&self, size: usize, key: ArenaKey, hooked: bool) -> Result<R::Block> {
         self.reserve(size)?;
         let reservation = Reservation { total: &self.shared.total_bytes, size };
-        match self.allocate_raw(size, hooked) {
+        match self.allocate_raw(size, key, hooked) {
             Ok(block) => {
                 std::mem::forget(reservation);
+                self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
                 Ok(block)
             }
             Err(Error::OutOfMemory { .. }) => {
@@ -602,6 +675,9 @@ impl<R: RawAllocator> Pool<R> {
             return Err(exceeded(self));
         }
         for attempt in 0..3 {
+            if attempt == 1 {
+                self.shared.n_retries.fetch_add(1, Ordering::Relaxed);
+            }
             if attempt > 0 {
                 self.reclaim(attempt == 2);
                 self.collect_fenced(attempt == 2);
@@ -623,7 +699,7 @@ impl<R: RawAllocator> Pool<R> {
     /// Asks the raw allocator for `size` bytes: three attempts, releasing every arena's cached
     /// blocks before the second and the third (and waiting for fenced chunks before the third),
     /// with the alloc hooks around each. Every block is checked against the request.
-    fn allocate_raw(&self, size: usize, hooked: bool) -> Result<R::Block> {
+    fn allocate_raw(&self, size: usize, key: ArenaKey, hooked: bool) -> Result<R::Block> {
         let device_id = self.shared.device;
         let mut attempt = 0;
         loop {
@@ -638,11 +714,15 @@ impl<R: RawAllocator> Pool<R> {
                 .and_then(|block| raw::check_block(&block, device_id, size).map(|()| block));
             if hooked {
                 let mem_ptr = result.as_ref().map_or(0, RawBlock::address);
+                hooks::observe(Observed::Alloc(AllocEvent { mem_ptr, ..pre }), key.raw());
                 // On error the new block (if any) is dropped, i.e. freed: nothing leaks.
                 hooks::fire("alloc_postprocess", |h| h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre }))?;
             }
             match result {
                 Err(e) if e.is_out_of_memory() && attempt < 2 => {
+                    if attempt == 0 {
+                        self.shared.n_retries.fetch_add(1, Ordering::Relaxed);
+                    }
                     attempt += 1;
                     self.reclaim(attempt == 2);
                     self.collect_fenced(attempt == 2);
@@ -689,6 +769,7 @@ impl<R: RawAllocator> Pool<R> {
         };
         let mut released = Vec::new();
         for (key, arena) in arenas {
+            let first = released.len();
             let bytes;
             let empty;
             {
@@ -705,6 +786,7 @@ impl<R: RawAllocator> Pool<R> {
                 bytes = st.release_free_blocks(&mut released) + cut;
                 empty = st.is_empty();
             }
+            self.observe_raw_frees(key, &released[first..]);
             self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
             if empty {
                 let mut map = self.arenas.lock();
@@ -713,6 +795,7 @@ impl<R: RawAllocator> Pool<R> {
                 if st.is_empty() && map.get(&key).is_some_and(|a| Arc::ptr_eq(a, &arena)) {
                     st.retired = true;
                     map.remove(&key);
+                    self.shared.retired.lock().absorb(&st.counters);
                 }
             }
         }
@@ -738,11 +821,17 @@ impl<R: RawAllocator> Pool<R> {
             }
             if let Some(mem) = arenas[i].state.lock().release_whole(slot, size) {
                 self.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
+                self.observe_raw_frees(arenas[i].key, std::slice::from_ref(&mem));
                 released.push(mem);
                 done = done.saturating_add(size);
             }
         }
         drop(released);
+    }
+
+    /// Tells the process-wide observers of raw blocks about to be given back.
+    fn observe_raw_frees(&self, key: ArenaKey, blocks: &[R::Block]) {
+        observe_raw_frees::<R>(self.shared.device, key, blocks);
     }
 
     fn sum_arenas(&self, f: impl Fn(&ArenaState<R::Block>) -> usize) -> usize {
@@ -815,6 +904,88 @@ impl<R: RawAllocator> Pool<R> {
         }
     }
 
+    /// The pool's statistics and each arena's (see [`stats`]). Takes each arena's lock in turn,
+    /// so under concurrent allocation the arenas are read at slightly different moments.
+    #[must_use]
+    pub fn stats(&self) -> PoolStats {
+        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
+        let mut sum = *self.shared.retired.lock();
+        let (mut used, mut lent) = (0u64, 0u64);
+        let mut per_arena: Vec<ArenaStats> = arenas
+            .iter()
+            .map(|a| {
+                let st = a.state.lock();
+                sum.absorb(&st.counters);
+                used += st.used_bytes as u64;
+                lent += st.n_lent as u64;
+                ArenaStats {
+                    arena: a.key,
+                    stats: MemoryStats::of(&st.counters, st.used_bytes as u64, st.n_lent as u64),
+                }
+            })
+            .collect();
+        per_arena.sort_unstable_by_key(|a| a.arena);
+        let mut all = MemoryStats::of(&sum, used, lent);
+        // Reserved bytes are counted once for the pool, off the hot path: exact.
+        let total = self.total_bytes() as u64;
+        all.reserved_bytes.peak = (self.shared.peak_total.load(Ordering::Relaxed) as u64).max(total);
+        all.oom_errors = self.shared.n_oom.load(Ordering::Relaxed);
+        all.retries = self.shared.n_retries.load(Ordering::Relaxed);
+        PoolStats {
+            device: self.shared.device,
+            all,
+            peaks_exact: self.shared.arenas_since_reset.load(Ordering::Relaxed) <= 1,
+            arenas: per_arena,
+        }
+    }
+
+    /// Sets every peak of the pool and its arenas to its current value (PyTorch's
+    /// `reset_peak_memory_stats`).
+    pub fn reset_peak(&self) {
+        let map = self.arenas.lock();
+        for a in map.values() {
+            let mut st = a.state.lock();
+            let (used, lent) = (st.used_bytes, st.n_lent);
+            st.counters.reset_peaks(used, lent);
+        }
+        // Retired arenas hold nothing: their part of every current value is 0.
+        self.shared.retired.lock().reset_peaks(0, 0);
+        self.shared.arenas_since_reset.store(map.len(), Ordering::Relaxed);
+        self.shared.peak_total.store(self.total_bytes(), Ordering::Relaxed);
+    }
+
+    /// Every segment of every arena with its chunks (PyTorch's `memory_snapshot()`).
+    #[must_use]
+    pub fn snapshot(&self) -> PoolSnapshot {
+        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
+        let mut segments = Vec::new();
+        for a in &arenas {
+            let raw = a.state.lock().segments();
+            segments.extend(PoolSnapshot::segments_of(a.key, raw));
+        }
+        segments.sort_unstable_by_key(|s| s.address);
+        PoolSnapshot { device: self.shared.device, segments }
+    }
+
+    /// The statistics as a readable table, in the spirit of PyTorch's `memory_summary()`.
+    #[must_use]
+    pub fn memory_summary(&self) -> String {
+        self.stats().to_string()
+    }
+
+    /// Adds an observer that the pool calls, with the error and its snapshot, before an
+    /// allocation's out-of-memory error (`OutOfMemory` or `LimitExceeded`) returns (PyTorch's
+    /// `_attach_out_of_memory_observer`). It runs on the allocating thread, outside the pool's
+    /// locks.
+    pub fn add_oom_observer(&self, observer: impl Fn(&Error, &PoolSnapshot) + Send + Sync + 'static) {
+        self.shared.oom_observers.lock().push(Arc::new(observer));
+    }
+
+    /// Removes every out-of-memory observer.
+    pub fn clear_oom_observers(&self) {
+        self.shared.oom_observers.lock().clear();
+    }
+
     /// The free chunks of arena `key` as `(ptr, size)`, for debugging.
     #[must_use]
     pub fn free_chunks(&self, key: ArenaKey) -> Vec<(DevicePtr, usize)> {
@@ -848,6 +1019,7 @@ impl<R: RawAllocator> Drop for Pool<R> {
             let mut released = Vec::new();
             let bytes = st.release_free_blocks(&mut released);
             self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
+            observe_raw_frees::<R>(self.shared.device, arena.key, &released);
             if st.n_lent > 0 {
                 st.orphaned = true;
                 ArenaRef::keep_alive(arena);
@@ -974,7 +1146,9 @@ impl<R: RawAllocator> PooledMemory<R> {
         // The guard returns the chunk even if a pre-hook fails or panics.
         let guard = GiveBackOnDrop(Some((arena, self.slot, fence)));
         let pre = hooks::fire("free_preprocess", |h| h.free_preprocess(&event));
+        let key = guard.0.as_ref().map_or(ArenaKey::UNSET, |(a, _, _)| a.get().key);
         drop(guard);
+        hooks::observe(Observed::Free(event), key.raw());
         let post = hooks::fire("free_postprocess", |h| h.free_postprocess(&event));
         pre.and(post)
     }
@@ -1004,7 +1178,12 @@ impl<R: RawAllocator> Drop for GiveBackOnDrop<R> {
 /// Parks a chunk behind a fence; it stays lent (and counted as used) until the pool sees the
 /// fence complete.
 fn release_fenced<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32, fence: Box<dyn Fence>) {
-    if arena.get().state.lock().orphaned {
+    let orphaned = {
+        let mut st = arena.get().state.lock();
+        st.mark_fenced(slot);
+        st.orphaned
+    };
+    if orphaned {
         // The pool is gone and nobody would look at the fence again: wait for it here.
         fence.wait();
         give_back(arena, slot);
@@ -1014,6 +1193,17 @@ fn release_fenced<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32, fence: 
     let mut fenced = shared.fenced.lock();
     fenced.push(Fenced { arena, slot, fence });
     shared.any_fenced.store(true, Ordering::Release);
+}
+
+/// Tells the process-wide observers of raw blocks of arena `key` about to be given back.
+fn observe_raw_frees<R: RawAllocator>(device_id: DeviceId, key: ArenaKey, blocks: &[R::Block]) {
+    if !hooks::observed() {
+        return;
+    }
+    for b in blocks {
+        let event = AllocEvent { device_id, mem_size: b.size(), mem_ptr: b.address() };
+        hooks::observe(Observed::RawFree(event), key.raw());
+    }
 }
 
 /// Returns a chunk to its arena.
@@ -1029,6 +1219,9 @@ fn give_back<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32) {
     }
     let last_of_orphan = st.orphaned && st.n_lent == 0;
     drop(st);
+    if let Some((block, _)) = &released {
+        observe_raw_frees::<R>(a.shared.device, a.key, std::slice::from_ref(block));
+    }
     // The raw free (a driver call) runs outside the lock; the block is owned, not the arena's.
     drop(released);
     if last_of_orphan {

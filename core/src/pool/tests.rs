@@ -515,3 +515,218 @@ fn expandable_segments_lend_disjoint_chunks_and_every_byte_comes_back() {
     assert_eq!(pool.total_bytes(), 0);
     assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
 }
+
+// Statistics, snapshots and out-of-memory observers.
+
+#[test]
+fn statistics_count_each_allocation_free_and_raw_call() {
+    let (pool, mock, cache) = pool();
+    let a = pool.malloc(1000, ArenaKey::NULL, &cache).unwrap();
+    let b = pool.malloc(3000, ArenaKey::NULL, &cache).unwrap();
+    drop(a);
+    let s = pool.stats().all;
+    assert_eq!((s.requested_bytes.current, s.requested_bytes.peak), (3000, 4000));
+    assert_eq!((s.allocated_bytes.current, s.allocated_bytes.peak), (3072, 4096));
+    assert_eq!((s.allocated_bytes.allocated, s.allocated_bytes.freed), (4096, 1024));
+    assert_eq!((s.active_bytes.current, s.active_bytes.peak), (3072, 4096));
+    assert_eq!((s.reserved_bytes.current, s.reserved_bytes.peak), (4096, 4096));
+    assert_eq!((s.allocations.allocated, s.allocations.freed, s.allocations.peak), (2, 1, 2));
+    assert_eq!((s.segments.allocated, s.segments.freed, s.segments.current), (2, 0, 2));
+    assert_eq!((s.cache_hits, s.cache_misses, s.oom_errors, s.retries), (0, 2, 0, 0));
+    // A hit: the freed chunk again, for a smaller request.
+    let c = pool.malloc(600, ArenaKey::NULL, &cache).unwrap();
+    let s = pool.stats().all;
+    assert_eq!((s.cache_hits, s.cache_misses), (1, 2));
+    assert_eq!(s.requested_bytes.current, 3600);
+    assert_eq!(s.requested_bytes.peak, 4000, "the peak stays");
+    pool.reset_peak();
+    let s = pool.stats().all;
+    assert_eq!(s.requested_bytes.peak, 3600);
+    assert_eq!(s.allocated_bytes.peak, 4096, "both chunks are allocated again");
+    drop((b, c));
+    pool.free_all_blocks(None);
+    let stats = pool.stats();
+    let s = stats.all;
+    assert_eq!((s.segments.freed, s.reserved_bytes.current, s.reserved_bytes.peak), (2, 0, 4096));
+    assert_eq!((s.allocations.allocated, s.allocations.freed), (3, 3));
+    assert_eq!(s.requested_bytes.current, 0);
+    assert!(stats.arenas.is_empty(), "the emptied arena left the pool, its counts did not");
+    assert_eq!(s.segments.allocated, mock.calls.load(Ordering::Relaxed) as u64);
+}
+
+#[test]
+fn a_fenced_free_leaves_the_chunk_active_until_its_fence_completes() {
+    struct Flag(Arc<AtomicBool>);
+    impl Fence for Flag {
+        fn is_complete(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+        fn wait(&self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    let (pool, _mock, cache) = pool();
+    let a = pool.malloc(700, ArenaKey::NULL, &cache).unwrap();
+    let done = Arc::new(AtomicBool::new(false));
+    a.free_after(Box::new(Flag(Arc::clone(&done)))).unwrap();
+    let s = pool.stats().all;
+    assert_eq!((s.allocated_bytes.current, s.active_bytes.current), (0, 1024));
+    assert_eq!((s.allocations.current, s.active_allocations.current), (0, 1));
+    assert_eq!(s.requested_bytes.current, 0);
+    let snap = pool.snapshot();
+    assert_eq!(snap.segments.len(), 1);
+    assert_eq!(snap.segments[0].blocks[0].state, BlockState::PendingFree);
+    done.store(true, Ordering::Release);
+    // A miss collects completed fences.
+    let _b = pool.malloc(4096, ArenaKey::NULL, &cache).unwrap();
+    let s = pool.stats().all;
+    assert_eq!((s.active_bytes.current, s.active_allocations.current), (4096, 1));
+    assert_eq!((s.allocations.allocated, s.allocations.freed), (2, 1), "the fenced free counted once");
+}
+
+#[test]
+fn several_arenas_are_counted_apart_and_bound_the_pools_peaks() {
+    let (pool, _mock, cache) = pool();
+    let a = pool.malloc(2048, ArenaKey::NULL, &cache).unwrap();
+    drop(a);
+    let _b = pool.malloc(4096, ArenaKey::stream(7), &cache).unwrap();
+    let stats = pool.stats();
+    assert!(!stats.peaks_exact);
+    assert_eq!(stats.arenas.len(), 2);
+    let of = |k: ArenaKey| stats.arenas.iter().find(|a| a.arena == k).unwrap().stats;
+    assert_eq!(of(ArenaKey::NULL).allocated_bytes.peak, 2048);
+    assert_eq!(of(ArenaKey::NULL).allocated_bytes.current, 0);
+    assert_eq!(of(ArenaKey::stream(7)).allocated_bytes.current, 4096);
+    // The true pool peak was 4096; the bound is the sum of the arenas' peaks.
+    assert_eq!(stats.all.allocated_bytes.current, 4096);
+    assert_eq!(stats.all.allocated_bytes.peak, 6144);
+    // Reserved bytes are counted for the whole pool: exact.
+    assert_eq!(stats.all.reserved_bytes.peak, 6144);
+    pool.free_all_blocks(Some(ArenaKey::NULL));
+    pool.reset_peak();
+    let stats = pool.stats();
+    assert!(stats.peaks_exact, "one arena since the reset");
+    assert_eq!(stats.all.allocated_bytes.peak, 4096);
+    assert_eq!(stats.all.reserved_bytes.peak, 4096);
+}
+
+#[test]
+fn out_of_memory_observers_see_the_snapshot_before_the_error_returns() {
+    let (pool, _mock, cache) = pool();
+    pool.set_limit(4 * UNIT);
+    let seen: Arc<Mutex<Vec<(String, usize)>>> = Arc::default();
+    let s2 = Arc::clone(&seen);
+    pool.add_oom_observer(move |e, snap| {
+        let held: usize = snap.segments.iter().map(|s| s.total_size).sum();
+        s2.lock().unwrap().push((e.to_string(), held));
+    });
+    let _a = pool.malloc(3 * UNIT, ArenaKey::NULL, &cache).unwrap();
+    let cached = pool.malloc(UNIT, ArenaKey::stream(2), &cache).unwrap();
+    drop(cached);
+    let err = pool.malloc(2 * UNIT, ArenaKey::NULL, &cache).unwrap_err();
+    assert!(matches!(err, Error::LimitExceeded { .. }), "{err:?}");
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].0, err.to_string());
+    // The ladder released the other arena's cached block before giving up.
+    assert_eq!(seen[0].1, 3 * UNIT);
+    let s = pool.stats().all;
+    assert_eq!((s.oom_errors, s.retries), (1, 1));
+    assert_eq!(s.segments.freed, 1);
+    pool.clear_oom_observers();
+    assert!(pool.malloc(2 * UNIT, ArenaKey::NULL, &cache).is_err());
+    assert_eq!(pool.stats().all.oom_errors, 2);
+}
+
+#[test]
+fn the_snapshot_shows_every_segment_cut_into_its_chunks() {
+    let (pool, _mock, cache) = pool();
+    let big = pool.malloc(8 * UNIT, ArenaKey::NULL, &cache).unwrap();
+    drop(big);
+    let head = pool.malloc(2 * UNIT - 100, ArenaKey::NULL, &cache).unwrap();
+    let other = pool.malloc(UNIT, ArenaKey::stream(5), &cache).unwrap();
+    let snap = pool.snapshot();
+    assert_eq!(snap.segments.len(), 2);
+    let seg = snap.segments.iter().find(|s| s.arena == ArenaKey::NULL).unwrap();
+    assert_eq!(seg.total_size, 8 * UNIT);
+    let got: Vec<(usize, usize, BlockState)> =
+        seg.blocks.iter().map(|b| (b.size, b.requested_size, b.state)).collect();
+    assert_eq!(got, [(2 * UNIT, 2 * UNIT - 100, BlockState::Allocated), (6 * UNIT, 0, BlockState::Free)]);
+    assert_eq!(seg.blocks[0].address, head.ptr());
+    assert_eq!(seg.blocks[1].address, head.ptr() + 2 * UNIT);
+    let seg = snap.segments.iter().find(|s| s.arena == ArenaKey::stream(5)).unwrap();
+    assert_eq!(seg.blocks[0].address, other.ptr());
+}
+
+#[test]
+fn the_summary_is_a_table_of_the_statistics() {
+    let (pool, _mock, cache) = pool();
+    let _a = pool.malloc(3 << 20, ArenaKey::NULL, &cache).unwrap();
+    let _b = pool.malloc(100, ArenaKey::per_thread(4), &cache).unwrap();
+    let text = pool.memory_summary();
+    assert!(text.contains("gpumem memory summary, device 0"), "{text}");
+    let line = |start: &str| {
+        text.lines().find(|l| l.starts_with(start)).unwrap_or_else(|| panic!("{start}\n{text}"))
+    };
+    // 3 MiB + 512 B allocated: in KiB, as PyTorch switches units only past 768 of the next.
+    assert_eq!(
+        line("| Allocated memory"),
+        "| Allocated memory        |   3072 KiB |   3072 KiB |   3072 KiB |      0 B   |"
+    );
+    assert!(line("|   null stream").contains("3072 KiB"), "{text}");
+    assert!(text.contains("|   per-thread, thread 4  |"), "{text}");
+    assert!(line("| Allocations").contains("      2"), "{text}");
+    assert!(text.contains("cache hits 0, misses 2, raw allocs 2, raw frees 0"), "{text}");
+    assert!(text.lines().all(|l| l.chars().count() == 79), "{text}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+fn statistics_match_what_the_counting_allocator_saw_over_a_training_trace() {
+    for policy in [GrowthPolicy::CacheUntilOutOfMemory, GrowthPolicy::HoldPeakInUse, GrowthPolicy::Segments] {
+        let steps = trace::training(4, 256, 1024, 3);
+        let (pool, allocator, cache) = counted_pool(policy);
+        let mut live = HashMap::new();
+        let (mut requested, mut peak_requested) = (0u64, 0u64);
+        let mut sizes = HashMap::new();
+        for step in &steps {
+            match *step {
+                trace::Step::Alloc { id, size, stream } => {
+                    live.insert(id, pool.malloc(size, ArenaKey::stream(stream), &cache).unwrap());
+                    sizes.insert(id, size as u64);
+                    requested += size as u64;
+                    peak_requested = peak_requested.max(requested);
+                }
+                trace::Step::Free { id } => {
+                    drop(live.remove(&id));
+                    requested -= sizes[&id];
+                }
+            }
+        }
+        let s = pool.stats();
+        let c = allocator.counts();
+        assert!(s.peaks_exact);
+        assert_eq!(s.all.requested_bytes.peak, peak_requested, "{policy:?}");
+        assert_eq!(s.all.requested_bytes.peak as usize, trace::peak_in_use(&steps));
+        assert_eq!(s.all.reserved_bytes.peak as usize, c.peak.load(Ordering::Relaxed), "{policy:?}");
+        assert_eq!(s.all.reserved_bytes.current as usize, c.held.load(Ordering::Relaxed));
+        assert_eq!(s.all.segments.allocated as usize, c.allocs.load(Ordering::Relaxed), "{policy:?}");
+        assert_eq!(s.all.segments.freed as usize, c.frees.load(Ordering::Relaxed), "{policy:?}");
+        let mallocs = steps.iter().filter(|s| matches!(s, trace::Step::Alloc { .. })).count() as u64;
+        assert_eq!(s.all.allocations.allocated, mallocs);
+        assert_eq!(s.all.cache_hits + s.all.cache_misses, mallocs);
+    }
+}
+
+#[cfg(feature = "serde")]
+#[test]
+fn statistics_and_snapshots_are_serde_values() {
+    let (pool, _mock, cache) = pool();
+    let _a = pool.malloc(1000, ArenaKey::stream(9), &cache).unwrap();
+    let json = serde_json::to_value(pool.snapshot()).unwrap();
+    assert_eq!(json["segments"][0]["arena"], 9);
+    assert_eq!(json["segments"][0]["blocks"][0]["state"], "allocated");
+    assert_eq!(json["segments"][0]["blocks"][0]["requested_size"], 1000);
+    let stats: PoolStats = serde_json::from_value(serde_json::to_value(pool.stats()).unwrap()).unwrap();
+    assert_eq!(stats, pool.stats());
+}

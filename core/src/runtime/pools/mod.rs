@@ -10,9 +10,12 @@ mod tests;
 use std::fmt;
 use std::marker::PhantomData;
 
+use crate::error::Error;
 use crate::error::Result;
 use crate::hal::{DeviceId, DevicePtr};
-use crate::pool::{ArenaCache, ArenaKey, GrowthPolicy, Limit, Pool, PooledMemory, RawAllocator};
+use crate::pool::{
+    ArenaCache, ArenaKey, GrowthPolicy, Limit, Pool, PoolSnapshot, PoolStats, PooledMemory, RawAllocator,
+};
 use crate::runtime::memory::{BaseMemory, Memory};
 use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::state::Runtime;
@@ -286,6 +289,42 @@ where
     #[must_use]
     pub fn growth_policy(&self) -> GrowthPolicy {
         self.pool.growth_policy()
+    }
+
+    /// The pool's statistics and each stream's, as PyTorch counts them (see
+    /// [`crate::pool::stats`]): `torch.cuda.memory_stats`.
+    #[must_use]
+    pub fn stats(&self) -> PoolStats {
+        self.pool.stats()
+    }
+
+    /// Sets every peak to its current value (`torch.cuda.reset_peak_memory_stats`).
+    pub fn reset_peak(&self) {
+        self.pool.reset_peak();
+    }
+
+    /// Every segment with its chunks, their streams, sizes and states
+    /// (`torch.cuda.memory_snapshot`).
+    #[must_use]
+    pub fn snapshot(&self) -> PoolSnapshot {
+        self.pool.snapshot()
+    }
+
+    /// The statistics as a readable table (`torch.cuda.memory_summary`).
+    #[must_use]
+    pub fn memory_summary(&self) -> String {
+        self.pool.memory_summary()
+    }
+
+    /// Adds an observer called with the error and the pool's snapshot before an out-of-memory
+    /// error returns from an allocation (see [`Pool::add_oom_observer`]).
+    pub fn add_oom_observer(&self, observer: impl Fn(&Error, &PoolSnapshot) + Send + Sync + 'static) {
+        self.pool.add_oom_observer(observer);
+    }
+
+    /// Removes every out-of-memory observer.
+    pub fn clear_oom_observers(&self) {
+        self.pool.clear_oom_observers();
     }
 
     /// The free chunks of the current stream's arena as `(ptr, size)`, for debugging.

@@ -5,7 +5,7 @@ use std::sync::OnceLock;
 
 use crate::error::{Error, Result};
 use crate::hal::DeviceId;
-use crate::pool::{GrowthPolicy, Limit, PooledMemory, RawAllocator};
+use crate::pool::{GrowthPolicy, Limit, MemoryStats, PoolStats, PooledMemory, RawAllocator};
 use crate::runtime::allocator::Allocator;
 use crate::runtime::device::{current_device, device_count};
 use crate::runtime::memory::BaseMemory;
@@ -168,6 +168,35 @@ where
     #[must_use]
     pub fn total_bytes(&self) -> usize {
         self.existing_current().map_or(0, SingleDeviceMemoryPool::total_bytes)
+    }
+
+    /// The statistics of the current device's pool; `None` before it made its first
+    /// allocation (see [`SingleDeviceMemoryPool::stats`]).
+    #[must_use]
+    pub fn stats(&self) -> Option<PoolStats> {
+        self.existing_current().map(SingleDeviceMemoryPool::stats)
+    }
+
+    /// Resets the peaks of the current device's pool.
+    pub fn reset_peak(&self) {
+        if let Some(p) = self.existing_current() {
+            p.reset_peak();
+        }
+    }
+
+    /// The current device's pool as a table; a table of zeros before its first allocation.
+    #[must_use]
+    pub fn memory_summary(&self) -> String {
+        match self.existing_current() {
+            Some(p) => p.memory_summary(),
+            None => PoolStats {
+                device: current_device::<B>(),
+                all: MemoryStats::default(),
+                peaks_exact: true,
+                arenas: Vec::new(),
+            }
+            .to_string(),
+        }
     }
 
     /// Free chunks on the current device.

@@ -755,3 +755,50 @@ mod model {
         }
     }
 }
+
+#[test]
+fn statistics_are_kept_per_stream_through_the_typed_pool() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let s = Stream::<Host>::non_blocking().unwrap();
+    let on_null = pool.malloc(3 * U).unwrap();
+    let on_s = {
+        let _g = s.enter().unwrap();
+        pool.malloc(U + 1).unwrap()
+    };
+    // Freed on the null stream, counted in the arena it came from.
+    drop(on_s);
+    let stats = pool.stats();
+    assert_eq!(stats.arenas.len(), 2);
+    let of = |k: ArenaKey| stats.arenas.iter().find(|a| a.arena == k).unwrap().stats;
+    let st = of(s.arena_key());
+    assert_eq!(
+        (st.requested_bytes.peak, st.allocated_bytes.peak, st.allocated_bytes.current),
+        (U as u64 + 1, 2 * U as u64, 0)
+    );
+    assert_eq!((st.allocations.allocated, st.allocations.freed), (1, 1));
+    assert_eq!(of(ArenaKey::NULL).allocated_bytes.current, 3 * U as u64);
+    assert_eq!(stats.all.reserved_bytes.current, pool.total_bytes() as u64);
+    let snap = pool.snapshot();
+    assert_eq!(snap.segments.iter().filter(|g| g.arena == s.arena_key()).count(), 1);
+    assert!(pool.memory_summary().contains(&format!("stream 0x{:x}", s.arena_key().raw())));
+    drop(on_null);
+    pool.reset_peak();
+    assert_eq!(pool.stats().all.allocated_bytes.peak, 0);
+}
+
+#[test]
+fn the_typed_pools_out_of_memory_observer_runs_before_the_error_returns() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    pool.set_limit(Limit::Bytes(4 * U)).unwrap();
+    let calls = Arc::new(AtomicUsize::new(0));
+    let c2 = Arc::clone(&calls);
+    pool.add_oom_observer(move |e, snap| {
+        assert!(matches!(e, Error::LimitExceeded { .. }));
+        assert_eq!(snap.segments.iter().map(|s| s.total_size).sum::<usize>(), 2 * U);
+        c2.fetch_add(1, Ordering::Relaxed);
+    });
+    let _a = pool.malloc(2 * U).unwrap();
+    assert!(pool.malloc(3 * U).is_err());
+    assert_eq!(calls.load(Ordering::Relaxed), 1);
+    assert_eq!(pool.stats().all.oom_errors, 1);
+}

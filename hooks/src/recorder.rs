@@ -1,0 +1,177 @@
+//! [`Recorder`]: every allocation, free and raw call of every thread, as JSON lines.
+
+use std::cell::Cell;
+use std::fmt::Write as _;
+use std::io::{self, Write};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+use gpumem_core::hooks::{self, Observation, Observed, ProcessObserver, ProcessObserverGuard};
+
+/// Records the operations of every thread's pools, process-wide, to a writer: one JSON line per
+/// raw allocation (`alloc`), pool allocation (`malloc`), free (`free`) and raw block given back
+/// (`raw_free`), each written after its operation.
+///
+/// Each line starts with the keys of CuPy's DebugPrintHook in CuPy's order, then adds the
+/// arena's stream (its raw handle, or the per-thread flag, 2⁶³, and the thread's number for a
+/// per-thread default stream), the thread (a number per thread, from 1 in order of its first
+/// recorded operation) and the time in nanoseconds since the recorder was made:
+///
+/// ```text
+/// {"hook":"malloc","device_id":0,"size":1000,"mem_size":1024,"mem_ptr":140086,"pmem_id":"0x100000001","stream":0,"thread":1,"time_ns":5120}
+/// ```
+///
+/// so a recorded file is a trace that `gpumem-trace` reads (its format version 1), and a
+/// DebugPrintHook file is a trace with fewer keys. Unlike a per-thread hook it sees every
+/// thread, and it needs no installation on each: [`Recorder::install`] once.
+///
+/// Writing is serialised by one lock (the lines of two threads never interleave); a write error
+/// is kept and returned by [`RecorderGuard::finish`], and the lines after it are dropped.
+pub struct Recorder<W: Write + Send + 'static> {
+    state: Mutex<State<W>>,
+    start: Instant,
+}
+
+struct State<W> {
+    /// `None` once finished.
+    out: Option<W>,
+    error: Option<io::Error>,
+    lines: u64,
+}
+
+impl<W: Write + Send + 'static> Recorder<W> {
+    /// A recorder writing to `out` (wrap a file in a `BufWriter`).
+    pub fn new(out: W) -> Self {
+        Recorder { state: Mutex::new(State { out: Some(out), error: None, lines: 0 }), start: Instant::now() }
+    }
+
+    /// Starts recording every thread's operations until the guard is dropped or finished.
+    #[must_use = "recording stops as soon as the guard is dropped"]
+    pub fn install(self) -> RecorderGuard<W> {
+        let recorder = Arc::new(self);
+        let guard = hooks::install_process_observer(Arc::clone(&recorder) as Arc<dyn ProcessObserver>);
+        RecorderGuard { recorder, guard: Some(guard) }
+    }
+
+    fn line(&self, o: &Observation) -> String {
+        let mut s = String::with_capacity(192);
+        // `write!` to a String cannot fail.
+        match o.event {
+            Observed::Alloc(e) => {
+                let _ = write!(
+                    s,
+                    "{{\"hook\":\"alloc\",\"device_id\":{},\"mem_size\":{},\"mem_ptr\":{}",
+                    e.device_id, e.mem_size, e.mem_ptr
+                );
+            }
+            Observed::Malloc(e) => {
+                let _ = write!(
+                    s,
+                    "{{\"hook\":\"malloc\",\"device_id\":{},\"size\":{},\"mem_size\":{},\"mem_ptr\":{},\"pmem_id\":\"{:#x}\"",
+                    e.device_id, e.size, e.mem_size, e.mem_ptr, e.pmem_id
+                );
+            }
+            Observed::Free(e) => {
+                let _ = write!(
+                    s,
+                    "{{\"hook\":\"free\",\"device_id\":{},\"mem_size\":{},\"mem_ptr\":{},\"pmem_id\":\"{:#x}\"",
+                    e.device_id, e.mem_size, e.mem_ptr, e.pmem_id
+                );
+            }
+            Observed::RawFree(e) => {
+                let _ = write!(
+                    s,
+                    "{{\"hook\":\"raw_free\",\"device_id\":{},\"mem_size\":{},\"mem_ptr\":{}",
+                    e.device_id, e.mem_size, e.mem_ptr
+                );
+            }
+        }
+        let time_ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        let _ = writeln!(s, ",\"stream\":{},\"thread\":{},\"time_ns\":{time_ns}}}", o.arena, thread_number());
+        s
+    }
+}
+
+impl<W: Write + Send + 'static> ProcessObserver for Recorder<W> {
+    fn observe(&self, o: &Observation) {
+        let line = self.line(o);
+        // A poisoned lock means a writer panicked mid-line: keep recording after it.
+        let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if st.error.is_some() {
+            return;
+        }
+        let Some(out) = st.out.as_mut() else { return };
+        match out.write_all(line.as_bytes()) {
+            Ok(()) => st.lines += 1,
+            Err(e) => st.error = Some(e),
+        }
+    }
+}
+
+/// The installed [`Recorder`]; dropping it stops recording (and flushes, ignoring errors).
+pub struct RecorderGuard<W: Write + Send + 'static> {
+    recorder: Arc<Recorder<W>>,
+    guard: Option<ProcessObserverGuard>,
+}
+
+impl<W: Write + Send + 'static> RecorderGuard<W> {
+    /// Lines written so far.
+    #[must_use]
+    pub fn lines(&self) -> u64 {
+        self.recorder.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).lines
+    }
+
+    /// Stops recording, flushes and returns the writer.
+    ///
+    /// # Errors
+    ///
+    /// The first write error, or the flush's.
+    pub fn finish(mut self) -> io::Result<W> {
+        drop(self.guard.take());
+        let mut st = self.recorder.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let out = st.out.take();
+        if let Some(e) = st.error.take() {
+            return Err(e);
+        }
+        let Some(mut out) = out else {
+            return Err(io::Error::other("the recorder was already finished"));
+        };
+        drop(st);
+        out.flush()?;
+        Ok(out)
+    }
+}
+
+impl<W: Write + Send + 'static> Drop for RecorderGuard<W> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        if let Ok(mut st) = self.recorder.state.lock() {
+            if let Some(out) = st.out.as_mut() {
+                let _ = out.flush();
+            }
+        }
+    }
+}
+
+impl<W: Write + Send + 'static> std::fmt::Debug for RecorderGuard<W> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RecorderGuard").field("lines", &self.lines()).finish_non_exhaustive()
+    }
+}
+
+/// This thread's number: from 1, in order of each thread's first recorded operation.
+fn thread_number() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local! {
+        static NUMBER: Cell<u64> = const { Cell::new(0) };
+    }
+    NUMBER
+        .try_with(|n| {
+            if n.get() == 0 {
+                n.set(NEXT.fetch_add(1, Ordering::Relaxed));
+            }
+            n.get()
+        })
+        .unwrap_or(0)
+}
