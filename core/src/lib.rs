@@ -85,6 +85,10 @@ pub use runtime::pinned::{
 };
 pub use runtime::pointer::MemoryPointer;
 pub use runtime::pools::{DeviceAllocator, FnAllocator, MemoryPool, SingleDeviceMemoryPool};
+pub use runtime::staging::{
+    set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
+    DEFAULT_STAGING_THRESHOLD, PAGEABLE_STAGING_ENV,
+};
 pub use runtime::state::{take_deferred_error, Runtime};
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;

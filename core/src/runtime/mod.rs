@@ -5,7 +5,8 @@
 //! - [`state`]: the per-backend thread and process state ([`Runtime`]).
 //! - [`device`]: devices and the current device.
 //! - [`memory`] and [`pointer`](mod@pointer): memory objects and [`MemoryPointer`]; [`transfer`]: their
-//!   copies and memsets; [`pinned`]: pinned host memory; [`buffer`]: typed buffers over pointers.
+//!   copies and memsets; [`staging`]: synchronous copies of pageable memory through pinned
+//!   buffers; [`pinned`]: pinned host memory; [`buffer`]: typed buffers over pointers.
 //! - [`pools`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`], the pool of [`crate::pool`] with
 //!   pointers, streams and the runtime's allocator; [`allocator`]: CuPy's current allocator.
 //! - [`stream`]: streams, events, graphs and callbacks, the one tight cluster.
@@ -20,6 +21,8 @@ pub mod pinned;
 #[allow(unsafe_code)]
 pub mod pointer;
 pub mod pools;
+#[allow(unsafe_code)]
+pub mod staging;
 pub mod state;
 #[allow(unsafe_code)]
 pub mod stream;
