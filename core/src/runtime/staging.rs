@@ -296,6 +296,23 @@ thread_local! {
 thread_local! {
     /// Makes `acquire` find no buffers on this thread (the fallback's test).
     static REFUSE_BUFFERS: Cell<bool> = const { Cell::new(false) };
+    /// Makes the transfer of this chunk of a lane on this thread fail (the failure's test).
+    static FAIL_CHUNK: Cell<Option<usize>> = const { Cell::new(None) };
+}
+
+/// The injected failure of chunk `j`, in tests.
+#[cfg(test)]
+fn injected(j: usize) -> Result<()> {
+    if FAIL_CHUNK.with(Cell::get) == Some(j) {
+        return Err(Error::InvalidArgument("injected transfer failure".into()));
+    }
+    Ok(())
+}
+
+#[cfg(not(test))]
+#[inline(always)]
+fn injected(_: usize) -> Result<()> {
+    Ok(())
 }
 
 fn count(f: impl FnOnce(&mut StagingCounts)) {
@@ -557,6 +574,7 @@ unsafe fn to_device<B: Runtime>(
         // `chunk` bytes, was lent to this lane alone, and no transfer reads it now (its event has
         // passed, or it was never used); a buffer the pool lent cannot be the caller's memory.
         unsafe { std::ptr::copy_nonoverlapping(host.add(offset), staging, n) };
+        injected(j)?;
         // SAFETY: both ranges are valid (the caller's device range, the lane's buffer, which
         // the lane keeps until this transfer is done); the legacy stream handle is always valid.
         unsafe { B::memcpy_async(dev, device + offset, staging as DevicePtr, n, legacy) }?;
@@ -592,6 +610,7 @@ unsafe fn to_host<B: Runtime>(
     let fetch = |j: usize| -> Result<()> {
         let (offset, n) = piece(j);
         let slot = &lane.slots[j % depth];
+        injected(j)?;
         // SAFETY: the device range is valid (the caller's promise) and the buffer holds at least
         // `chunk` bytes, lent to this lane alone and read by nothing now (its last chunk was
         // copied out); the legacy stream handle is always valid.
@@ -686,6 +705,24 @@ mod tests {
         assert_eq!((after.direct - before.direct, after.staged - before.staged), (2, 0));
         p.copy_to_host(&mut back, 1000).unwrap();
         assert_eq!(PageableStaging::counts_on_this_thread().staged - after.staged, 1);
+    }
+
+    #[test]
+    fn a_failed_transfer_is_the_copy_s_error_and_the_buffers_serve_again() {
+        let _s = PageableStaging::from_size(0).with_chunk(100).unwrap().with_lanes(1).unwrap().enter();
+        let p = crate::runtime::allocator::alloc::<crate::host::Host>(1000).unwrap();
+        let data: Vec<u8> = (0..1000u32).map(|i| (i * 13 % 256) as u8).collect();
+        let mut back = vec![0u8; 1000];
+        FAIL_CHUNK.with(|f| f.set(Some(3)));
+        let up = p.copy_from_host(&data, 1000);
+        let down = p.copy_to_host(&mut back, 1000);
+        FAIL_CHUNK.with(|f| f.set(None));
+        for r in [up, down] {
+            assert!(matches!(r, Err(Error::InvalidArgument(ref m)) if m.contains("injected")), "{r:?}");
+        }
+        p.copy_from_host(&data, 1000).unwrap();
+        p.copy_to_host(&mut back, 1000).unwrap();
+        assert_eq!(back, data);
     }
 
     #[test]
