@@ -506,13 +506,17 @@ fn pageable(report: &mut Report) {
         default.chunk(),
         default.lanes()
     );
-    // SAFETY (every raw call and slice below): `a` and `host` are live allocations of N bytes
-    // that outlive the timing, and nothing else touches `host` meanwhile.
+    // Every raw call and slice below is of at most N bytes of `a` and `host`, live allocations
+    // of N bytes that outlive the timing; nothing else touches `host` meanwhile.
+    // SAFETY: as above; the slice is only read, and no mutable one lives meanwhile.
     let src = |n: usize| unsafe { std::slice::from_raw_parts(host_ptr as *const u8, n) };
+    // SAFETY: as above; each slice is the only view of `host` while it lives.
     let dst = |n: usize| unsafe { std::slice::from_raw_parts_mut(host_ptr as *mut u8, n) };
     let h2d = |n: usize| a.copy_from_host(src(n), n).unwrap();
     let d2h = |n: usize| a.copy_to_host(dst(n), n).unwrap();
+    // SAFETY: live ranges of N bytes, as above.
     let raw_h2d = |n: usize| unsafe { B::memcpy(d, a.ptr(), host_ptr, n).unwrap() };
+    // SAFETY: live ranges of N bytes, as above.
     let raw_d2h = |n: usize| unsafe { B::memcpy(d, host_ptr, a.ptr(), n).unwrap() };
 
     // The rows users get: the default setting (staged from its threshold up).

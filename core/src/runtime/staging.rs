@@ -60,8 +60,8 @@ const ENV_FORMS: &str =
 pub const DEFAULT_STAGING_THRESHOLD: usize = 4 << 20;
 
 /// The default chunk: the most bytes one transfer moves. Smaller copies use smaller chunks (a
-/// quarter of the copy, rounded down to a power of two, at least [`MIN_AUTO_CHUNK`]), so that
-/// they are still cut into a few pipelined pieces.
+/// quarter of the copy, rounded down to a power of two, at least 64 KiB), so that they are still
+/// cut into a few pipelined pieces.
 pub const DEFAULT_STAGING_CHUNK: usize = 2 << 20;
 
 /// The smallest chunk gpumem picks by itself (a chunk set explicitly may be smaller).
@@ -508,13 +508,16 @@ pub(crate) unsafe fn copy<B: Runtime>(
     Err(first.error)
 }
 
+/// What a lane does with its part (offset and length) of the copy.
+type LaneWork<'a, B> = dyn Fn(&Lane<B>, (usize, usize)) -> std::result::Result<(), Failure> + Sync + 'a;
+
 /// Runs `work` for each part, the first on the calling thread and the others on scoped helper
 /// threads (on the calling thread too, after its own, where a thread cannot be started). Returns
 /// the failures, the calling thread's first.
 fn run_lanes<B: Runtime>(
     lanes: &[Lane<B>],
     parts: &[(usize, usize)],
-    work: &(dyn Fn(&Lane<B>, (usize, usize)) -> std::result::Result<(), Failure> + Sync),
+    work: &LaneWork<'_, B>,
 ) -> Vec<Failure> {
     std::thread::scope(|scope| {
         let mut helpers = Vec::new();

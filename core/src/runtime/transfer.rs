@@ -5,7 +5,7 @@
 //! current one. What gpumem adds: every range is checked against its memory (or host buffer),
 //! overlapping device ranges are refused, and asynchronous host transfers take pinned buffers that
 //! gpumem keeps alive until the transfer is done. Large synchronous copies of pageable host
-//! memory are staged through pinned buffers ([`staging`](crate::runtime::staging)).
+//! memory are staged through pinned buffers ([`staging`]).
 
 use crate::error::{Error, Result};
 use crate::hal::{CaptureStatus, DeviceId, DevicePtr};
