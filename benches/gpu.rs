@@ -402,18 +402,15 @@ fn transfers(report: &mut Report) {
     eprintln!("1 GiB transfers (GB/s, CUDA events, median of 7, alternating with the raw call)");
     let gb = |bytes: usize, ms: f64| bytes as f64 / (ms * 1e-3) / 1e9;
     let s = Stream::non_blocking().unwrap();
-    let legacy = Stream::null();
     let a = gpumem::Memory::new(N).map(MemoryPointer::from_memory).unwrap();
     let b = gpumem::Memory::new(N).map(MemoryPointer::from_memory).unwrap();
     a.memset(1, N).unwrap();
     let pinned = PinnedMemoryPointer::alloc(N).unwrap();
     pinned.write(&vec![3u8; N]).unwrap();
-    let mut pageable = vec![5u8; N];
-    let pageable_ptr = pageable.as_mut_ptr() as usize;
     let (h, d, host) = (s.handle(), dev(), pinned.ptr() as usize);
 
-    // Every raw call below uses ranges of live allocations of N bytes (`a`, `b`, `pinned`,
-    // `pageable`) that outlive the synchronised timing.
+    // Every raw call below uses ranges of live allocations of N bytes (`a`, `b`, `pinned`) that
+    // outlive the synchronised timing.
     let (ours, raw) = device_ms_pair(
         &s,
         || a.copy_from_host_async(&pinned, N, Some(&s)).unwrap(),
@@ -444,38 +441,7 @@ fn transfers(report: &mut Report) {
         "GB/s",
         false,
     );
-    let (ours, raw) = device_ms_pair(
-        &legacy,
-        // SAFETY: see above; the slice is only read.
-        || a.copy_from_host(unsafe { std::slice::from_raw_parts(pageable_ptr as *const u8, N) }, N).unwrap(),
-        // SAFETY: live N-byte ranges, as above.
-        || unsafe { B::memcpy(d, a.ptr(), pageable_ptr, N).unwrap() },
-    );
-    report.add(
-        "transfers",
-        "host to device, pageable",
-        gb(N, ours),
-        "cuMemcpy",
-        Some(gb(N, raw)),
-        "GB/s",
-        false,
-    );
-    let (ours, raw) = device_ms_pair(
-        &legacy,
-        // SAFETY: see above; nothing else touches `pageable` meanwhile.
-        || a.copy_to_host(unsafe { std::slice::from_raw_parts_mut(pageable_ptr as *mut u8, N) }, N).unwrap(),
-        // SAFETY: live N-byte ranges, as above.
-        || unsafe { B::memcpy(d, pageable_ptr, a.ptr(), N).unwrap() },
-    );
-    report.add(
-        "transfers",
-        "device to host, pageable",
-        gb(N, ours),
-        "cuMemcpy",
-        Some(gb(N, raw)),
-        "GB/s",
-        false,
-    );
+    // Pageable copies: `pageable`, timed on the host clock (they are synchronous).
     let (ours, raw) = device_ms_pair(
         &s,
         || b.copy_from_device_async(&a, N, Some(&s)).unwrap(),
@@ -498,7 +464,113 @@ fn transfers(report: &mut Report) {
         || unsafe { B::memset_async(d, b.ptr(), 7, N, h).unwrap() },
     );
     report.add("transfers", "memset", gb(N, ours), "cuMemsetD8Async", Some(gb(N, raw)), "GB/s", false);
-    drop(pageable);
+}
+
+/// Seconds of one synchronous call of `f`, on the host clock.
+fn wall_once(f: &mut impl FnMut()) -> f64 {
+    let t = Instant::now();
+    f();
+    t.elapsed().as_secs_f64()
+}
+
+/// Seconds of `ours` and `theirs`, run alternately (drifting clocks and caches treat both
+/// alike) after one warm-up each: the median of `runs` each.
+fn wall_pair(runs: usize, mut ours: impl FnMut(), mut theirs: impl FnMut()) -> (f64, f64) {
+    ours();
+    theirs();
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    for _ in 0..runs {
+        a.push(wall_once(&mut ours));
+        b.push(wall_once(&mut theirs));
+    }
+    (median(&mut a), median(&mut b))
+}
+
+/// Synchronous copies of pageable memory: gpumem's (staged through pinned buffers from the
+/// threshold up) against the runtime's own `cuMemcpy` of the same bytes, on the host clock, as
+/// the caller sees them (both return when the copy is done).
+fn pageable(report: &mut Report) {
+    const N: usize = 1 << 30;
+    eprintln!("pageable copies (GB/s, host clock, median, alternating with the raw cuMemcpy)");
+    let gb = |bytes: usize, s: f64| bytes as f64 / s / 1e9;
+    let runs = |size: usize| if size >= 64 << 20 { 7 } else { 51 };
+    let d = dev();
+    let a = gpumem::Memory::new(N).map(MemoryPointer::from_memory).unwrap();
+    a.memset(1, N).unwrap();
+    let mut host = vec![5u8; N];
+    let host_ptr = host.as_mut_ptr() as usize;
+    let default = gpumem::PageableStaging::current::<B>().unwrap();
+    eprintln!(
+        "  staging: threshold {:?}, chunk {} B, {} lanes",
+        default.threshold(),
+        default.chunk(),
+        default.lanes()
+    );
+    // Every raw call and slice below is of at most N bytes of `a` and `host`, live allocations
+    // of N bytes that outlive the timing; nothing else touches `host` meanwhile.
+    // SAFETY: as above; the slice is only read, and no mutable one lives meanwhile.
+    let src = |n: usize| unsafe { std::slice::from_raw_parts(host_ptr as *const u8, n) };
+    // SAFETY: as above; each slice is the only view of `host` while it lives.
+    let dst = |n: usize| unsafe { std::slice::from_raw_parts_mut(host_ptr as *mut u8, n) };
+    let h2d = |n: usize| a.copy_from_host(src(n), n).unwrap();
+    let d2h = |n: usize| a.copy_to_host(dst(n), n).unwrap();
+    // SAFETY: live ranges of N bytes, as above.
+    let raw_h2d = |n: usize| unsafe { B::memcpy(d, a.ptr(), host_ptr, n).unwrap() };
+    // SAFETY: live ranges of N bytes, as above.
+    let raw_d2h = |n: usize| unsafe { B::memcpy(d, host_ptr, a.ptr(), n).unwrap() };
+
+    // The rows users get: the default setting (staged from its threshold up).
+    for (label, n) in [("1 MiB", 1usize << 20), ("64 MiB", 64 << 20), ("1 GiB", N)] {
+        let (ours, raw) = wall_pair(runs(n), || h2d(n), || raw_h2d(n));
+        let what = format!("host to device, pageable, {label}");
+        report.add("pageable", what, gb(n, ours), "cuMemcpy", Some(gb(n, raw)), "GB/s", false);
+        let (ours, raw) = wall_pair(runs(n), || d2h(n), || raw_d2h(n));
+        let what = format!("device to host, pageable, {label}");
+        report.add("pageable", what, gb(n, ours), "cuMemcpy", Some(gb(n, raw)), "GB/s", false);
+    }
+
+    // Where staging starts to win: every copy staged, against the raw copy, by size (the
+    // default threshold should sit where the ratio passes 1).
+    let forced = gpumem::PageableStaging::from_size(0);
+    for (label, n) in [
+        ("64 KiB", 64usize << 10),
+        ("256 KiB", 256 << 10),
+        ("1 MiB", 1 << 20),
+        ("2 MiB", 2 << 20),
+        ("4 MiB", 4 << 20),
+        ("8 MiB", 8 << 20),
+        ("16 MiB", 16 << 20),
+    ] {
+        let _scope = forced.enter();
+        let (ours, raw) = wall_pair(runs(n), || h2d(n), || raw_h2d(n));
+        let what = format!("host to device, always staged, {label}");
+        report.add("staging", what, gb(n, ours), "cuMemcpy", Some(gb(n, raw)), "GB/s", false);
+        let (ours, raw) = wall_pair(runs(n), || d2h(n), || raw_d2h(n));
+        let what = format!("device to host, always staged, {label}");
+        report.add("staging", what, gb(n, ours), "cuMemcpy", Some(gb(n, raw)), "GB/s", false);
+    }
+
+    // What the lanes (threads copying into staging buffers) bring at 1 GiB.
+    for lanes in [1usize, 2, 4, 8] {
+        let _scope = forced.with_lanes(lanes).unwrap().enter();
+        let (ours, raw) = wall_pair(5, || h2d(N), || raw_h2d(N));
+        let what = format!("host to device, 1 GiB, {lanes} lanes");
+        report.add("staging", what, gb(N, ours), "cuMemcpy", Some(gb(N, raw)), "GB/s", false);
+        let (ours, raw) = wall_pair(5, || d2h(N), || raw_d2h(N));
+        let what = format!("device to host, 1 GiB, {lanes} lanes");
+        report.add("staging", what, gb(N, ours), "cuMemcpy", Some(gb(N, raw)), "GB/s", false);
+    }
+    // The staged path's bytes, checked once (a benchmark of wrong copies is worthless).
+    let pattern: Vec<u8> = (0..N).map(|i| (i % 251) as u8).collect();
+    {
+        let _scope = forced.enter();
+        a.copy_from_host(&pattern, N).unwrap();
+        let back = dst(N);
+        back.fill(0);
+        a.copy_to_host(back, N).unwrap();
+        assert!(back == &pattern[..], "the staged copies changed the bytes");
+    }
+    drop(host);
 }
 
 fn hook_costs(report: &mut Report) {
@@ -1002,6 +1074,9 @@ fn main() {
     }
     if run("transfers") {
         transfers(&mut report);
+    }
+    if run("pageable") {
+        pageable(&mut report);
     }
     if run("graphs") {
         graphs(&mut report);

@@ -74,10 +74,10 @@ pub use gpumem_core::hal::{
 };
 pub use gpumem_core::hooks::{self, AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use gpumem_core::{
-    round_size, take_deferred_error, Allocator, BaseMemory, CopySource, Error, FnAllocator, GrowthPolicy,
-    HookError, Limit, PinnedAllocator, PinnedBuffer, PinnedMemoryAllocator, PlainAllocator,
-    PlainPinnedAllocator, RawAllocator, RawBlock, Result, Runtime, StreamOptions, ALLOCATION_UNIT_SIZE,
-    LIMIT_ENV,
+    round_size, set_pageable_staging, take_deferred_error, Allocator, BaseMemory, CopySource, Error,
+    FnAllocator, GrowthPolicy, HookError, Limit, PageableStaging, PageableStagingGuard, PinnedAllocator,
+    PinnedBuffer, PinnedMemoryAllocator, PlainAllocator, PlainPinnedAllocator, RawAllocator, RawBlock,
+    Result, Runtime, StagingCounts, StreamOptions, ALLOCATION_UNIT_SIZE, LIMIT_ENV, PAGEABLE_STAGING_ENV,
 };
 #[cfg(feature = "line-profile")]
 pub use gpumem_hooks::{humanized_size, LineProfileHook, ProfileEntry, StackFrame};

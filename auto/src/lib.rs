@@ -373,6 +373,11 @@ impl MemoryOps for Auto {
         // the handle is live and the chosen backend's own.
         on_chosen!(B => unsafe { B::memset_async(dev, dst, value, n, B::stream(stream)?) })
     }
+    /// The chosen backend's answer; `false` where none could be chosen (every copy then fails
+    /// with the choice's error before this matters).
+    fn stages_pageable_copies() -> bool {
+        on_chosen_or!(B => B::stages_pageable_copies(), false)
+    }
 }
 
 impl StreamOps for Auto {

@@ -28,6 +28,7 @@ pub mod no_device;
 mod pinned;
 mod pool;
 mod safety;
+mod staging;
 mod streams;
 mod vmm;
 
@@ -43,7 +44,7 @@ macro_rules! suite {
         mod gpumem {
             pub use $crate::__private::core;
             pub use $crate::__private::core::{
-                BaseMemory, Error, EventFlags, Limit, PlainAllocator, Result, StreamOptions,
+                BaseMemory, Error, EventFlags, Limit, PageableStaging, PlainAllocator, Result, StreamOptions,
                 ALLOCATION_UNIT_SIZE,
             };
             pub type DefaultBackend = $backend;
@@ -107,6 +108,7 @@ macro_rules! suite {
         $crate::__pinned_tests!($flavor);
         $crate::__pool_tests!($flavor);
         $crate::__safety_tests!($flavor);
+        $crate::__staging_tests!($flavor);
         $crate::__streams_tests!($flavor);
         $crate::__vmm_tests!($flavor);
     };

@@ -89,6 +89,10 @@ pub use runtime::pools::{
     malloc_async, DeviceAllocator, FnAllocator, MemoryAsync, MemoryAsyncPool, MemoryPool,
     SingleDeviceMemoryPool,
 };
+pub use runtime::staging::{
+    set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
+    DEFAULT_STAGING_THRESHOLD, PAGEABLE_STAGING_ENV,
+};
 pub use runtime::state::{take_deferred_error, Runtime};
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;

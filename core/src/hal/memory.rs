@@ -143,4 +143,14 @@ pub trait MemoryOps: Api {
         n: usize,
         stream: Self::Stream,
     ) -> Result<()>;
+
+    /// Whether large synchronous copies of pageable host memory should go through pinned
+    /// staging buffers, in pipelined chunks, instead of [`Self::memcpy`] alone: true where the
+    /// runtime copies pageable memory much slower than pinned memory (its own staging is
+    /// serial), as CUDA and HIP do. The typed layer decides the sizes; this only says whether
+    /// staging can win at all. The default is `true`; a backend whose device memory is host
+    /// memory says `false` (staging would only add a copy).
+    fn stages_pageable_copies() -> bool {
+        true
+    }
 }

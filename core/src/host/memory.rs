@@ -349,4 +349,8 @@ impl MemoryOps for Host {
             }),
         )
     }
+    /// Device memory is host memory: staging a copy through pinned buffers only adds a copy.
+    fn stages_pageable_copies() -> bool {
+        false
+    }
 }

@@ -5,7 +5,8 @@
 //! - [`state`]: the per-backend thread and process state ([`Runtime`]).
 //! - [`device`]: devices and the current device.
 //! - [`memory`] and [`pointer`](mod@pointer): memory objects and [`MemoryPointer`]; [`transfer`]: their
-//!   copies and memsets; [`pinned`]: pinned host memory; [`buffer`]: typed buffers over pointers.
+//!   copies and memsets; [`staging`]: synchronous copies of pageable memory through pinned
+//!   buffers; [`pinned`]: pinned host memory; [`buffer`]: typed buffers over pointers.
 //! - [`pools`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`], the pool of [`crate::pool`] with
 //!   pointers, streams and the runtime's allocator; [`allocator`]: CuPy's current allocator.
 //! - [`stream`]: streams, events, graphs and callbacks, the one tight cluster.
@@ -21,6 +22,8 @@ pub mod pinned;
 pub mod pointer;
 #[allow(unsafe_code)] // the stream-ordered allocator's memory objects and frees
 pub mod pools;
+#[allow(unsafe_code)]
+pub mod staging;
 pub mod state;
 #[allow(unsafe_code)]
 pub mod stream;

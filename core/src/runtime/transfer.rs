@@ -4,12 +4,14 @@
 //! run while the current stream captures; the `_async` forms run on the stream given or the
 //! current one. What gpumem adds: every range is checked against its memory (or host buffer),
 //! overlapping device ranges are refused, and asynchronous host transfers take pinned buffers that
-//! gpumem keeps alive until the transfer is done.
+//! gpumem keeps alive until the transfer is done. Large synchronous copies of pageable host
+//! memory are staged through pinned buffers ([`staging`]).
 
 use crate::error::{Error, Result};
 use crate::hal::{CaptureStatus, DeviceId, DevicePtr};
 use crate::runtime::pinned::PinnedMemoryPointer;
 use crate::runtime::pointer::MemoryPointer;
+use crate::runtime::staging::{self, Direction};
 use crate::runtime::state::Runtime;
 use std::sync::Arc;
 
@@ -211,12 +213,14 @@ impl<B: Runtime> MemoryPointer<B> {
     }
 
     /// Copies the first `size` bytes of `src` (pageable host memory) to this pointer, on the
-    /// legacy default stream; returns when the copy is done.
+    /// legacy default stream; returns when the copy is done. Large copies go through pinned
+    /// staging buffers in pipelined chunks (see [`PageableStaging`](crate::PageableStaging)).
     ///
     /// # Errors
     ///
     /// `OutOfBounds` when `size` exceeds `src.len()` or the device range leaves its memory;
-    /// `NotAllowedWhileCapturing`; the runtime's error.
+    /// `NotAllowedWhileCapturing`; `InvalidEnvironment` when `GPUMEM_PAGEABLE_STAGING` is
+    /// malformed; the runtime's error.
     pub fn copy_from_host(&self, src: &[u8], size: usize) -> Result<()> {
         check_host_len(src.len(), size, "copy_from_host source")?;
         // SAFETY: `src` is a live slice of at least `size` bytes for this synchronous call.
@@ -233,15 +237,33 @@ impl<B: Runtime> MemoryPointer<B> {
     ///
     /// As [`MemoryPointer::copy_from_host`].
     pub unsafe fn copy_from_host_ptr(&self, src: *const u8, size: usize) -> Result<()> {
+        // SAFETY: the caller's promise.
+        unsafe { self.copy_from_host_raw(src, size, true) }
+    }
+
+    /// The synchronous host-to-device copy; `pageable` lets it be staged.
+    ///
+    /// # Safety
+    ///
+    /// As [`MemoryPointer::copy_from_host_ptr`].
+    unsafe fn copy_from_host_raw(&self, src: *const u8, size: usize, pageable: bool) -> Result<()> {
         refuse_while_capturing::<B>(None, SYNC_WHILE_CAPTURING)?;
         let dst = self.check(size, "copy_from_host")?;
         if size == 0 {
             return Ok(());
         }
+        let plan = if pageable { staging::plan::<B>(size)? } else { None };
         inflight::wait_for::<B>(&[span(dst, size)])?;
-        // SAFETY: the device range was checked and no queued operation touches it any more; the
-        // host range is the caller's promise.
-        unsafe { B::memcpy(self.device_id(), dst, src as DevicePtr, size) }
+        match plan {
+            // SAFETY: the device range was checked against `self`'s memory and no queued
+            // operation touches it any more; the host range is only read (the caller's promise).
+            Some(plan) => unsafe {
+                staging::copy(self, plan, Direction::ToDevice, dst, src.cast_mut(), size)
+            },
+            // SAFETY: the device range was checked and no queued operation touches it any more;
+            // the host range is the caller's promise.
+            None => unsafe { B::memcpy(self.device_id(), dst, src as DevicePtr, size) },
+        }
     }
 
     /// Copies `size` bytes from pinned host memory to this pointer, ordered on `stream` (or the
@@ -301,12 +323,14 @@ impl<B: Runtime> MemoryPointer<B> {
     }
 
     /// Copies `size` bytes from this pointer into `dst` (pageable host memory), on the legacy
-    /// default stream; returns when the copy is done.
+    /// default stream; returns when the copy is done. Large copies go through pinned staging
+    /// buffers in pipelined chunks (see [`PageableStaging`](crate::PageableStaging)).
     ///
     /// # Errors
     ///
     /// `OutOfBounds` when `size` exceeds `dst.len()` or the device range leaves its memory;
-    /// `NotAllowedWhileCapturing`; the runtime's error.
+    /// `NotAllowedWhileCapturing`; `InvalidEnvironment` when `GPUMEM_PAGEABLE_STAGING` is
+    /// malformed; the runtime's error.
     pub fn copy_to_host(&self, dst: &mut [u8], size: usize) -> Result<()> {
         check_host_len(dst.len(), size, "copy_to_host destination")?;
         // SAFETY: `dst` is a live, exclusive slice of at least `size` bytes for this call.
@@ -328,10 +352,16 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
+        let plan = staging::plan::<B>(size)?;
         inflight::wait_for::<B>(&[span(src, size)])?;
-        // SAFETY: the device range was checked and no queued operation touches it any more; the
-        // host range is the caller's promise.
-        unsafe { B::memcpy(self.device_id(), dst as DevicePtr, src, size) }
+        match plan {
+            // SAFETY: the device range was checked against `self`'s memory and no queued
+            // operation touches it any more; the host range is the caller's promise.
+            Some(plan) => unsafe { staging::copy(self, plan, Direction::ToHost, src, dst, size) },
+            // SAFETY: the device range was checked and no queued operation touches it any more;
+            // the host range is the caller's promise.
+            None => unsafe { B::memcpy(self.device_id(), dst as DevicePtr, src, size) },
+        }
     }
 
     /// Copies `size` bytes from this pointer into pinned host memory, ordered on `stream` (or
@@ -404,8 +434,9 @@ impl<B: Runtime> MemoryPointer<B> {
             CopySource::Host(s) => self.copy_from_host(s, size),
             CopySource::Pinned(p) => {
                 let host = p.check(size, "copy_from_host source")?;
-                // SAFETY: the pinned range was checked against memory `p` keeps alive.
-                unsafe { self.copy_from_host_ptr(host as *const u8, size) }
+                // SAFETY: the pinned range was checked against memory `p` keeps alive. Pinned
+                // memory needs no staging.
+                unsafe { self.copy_from_host_raw(host as *const u8, size, false) }
             }
         }
     }
