@@ -296,3 +296,61 @@ fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
+
+/// A per-thread default stream captured while other threads queue work on the legacy stream:
+/// CUDA invalidates such a capture (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), and every call must
+/// answer with an error, never crash. Then a thread that leaves its per-thread stream capturing
+/// when it exits. Repeated, with a host function and a memset captured each round.
+#[test]
+#[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with one"]
+fn per_thread_captures_beside_legacy_work_fail_cleanly() {
+    use std::sync::atomic::AtomicBool;
+    require_gpu();
+    let _serial = capture_lock();
+    const N: usize = 1 << 16;
+    let stop = AtomicBool::new(false);
+    let ran = Arc::new(AtomicUsize::new(0));
+    let target = MemoryPointer::from_memory(Memory::<Cuda>::new(N).expect("malloc"));
+    std::thread::scope(|scope| {
+        for _ in 0..2 {
+            scope.spawn(|| {
+                let legacy = MemoryPointer::from_memory(Memory::<Cuda>::new(N).expect("malloc"));
+                while !stop.load(Ordering::Relaxed) {
+                    // Legacy-stream work; refused while a blocking stream captures, which is fine.
+                    let _ = legacy.memset(1, N);
+                }
+            });
+        }
+        for _ in 0..200 {
+            let s = Stream::<Cuda>::per_thread();
+            if s.begin_capture(None).is_err() {
+                continue;
+            }
+            let r = Arc::clone(&ran);
+            let _ = s.launch_host_func(move || {
+                r.fetch_add(1, Ordering::SeqCst);
+            });
+            let _ = target.memset_async(2, N, Some(&s));
+            if let Ok(graph) = s.end_capture() {
+                let _ = graph.launch(Some(&s));
+                let _ = s.synchronize();
+            }
+            assert!(!matches!(s.is_capturing(), Ok(true)), "end_capture ends the capture either way");
+        }
+        // A thread whose per-thread stream is still capturing when it exits.
+        scope
+            .spawn(|| {
+                let s = Stream::<Cuda>::per_thread();
+                if s.begin_capture(None).is_ok() {
+                    let _ = target.memset_async(3, N, Some(&s));
+                    let _ = s.launch_host_func(|| {});
+                }
+            })
+            .join()
+            .expect("the capturing thread exits");
+        stop.store(true, Ordering::Relaxed);
+    });
+    // The device is still usable.
+    target.memset(4, N).expect("memset after the rounds");
+    assert!(read_back(&target, N).iter().all(|&x| x == 4));
+}
