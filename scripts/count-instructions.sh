@@ -4,7 +4,12 @@
 # Run from the repository root on a machine with valgrind, after `cargo bench --bench paths --no-run`
 # (or pass the binary). Instruction counts do not drift with the clock, unlike timings.
 set -eu
-BIN=${1:-$(ls -t target/release/deps/paths-* | grep -v '\.d$' | head -n 1)}
+BIN=${1:-}
+if [ -z "$BIN" ]; then
+    for f in target/release/deps/paths-*; do
+        [ -x "$f" ] && [ "${f%.d}" = "$f" ] && { [ -z "$BIN" ] || [ "$f" -nt "$BIN" ]; } && BIN=$f
+    done
+fi
 count() {
     valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$BIN" "$1" "$2" 2>&1 \
         | awk '/I *refs/ { gsub(",", "", $NF); print $NF }'

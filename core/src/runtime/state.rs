@@ -67,6 +67,9 @@ macro_rules! runtime_statics {
     };
 }
 
+/// A thread's copy of the process-wide allocator, with the generation it was read at.
+pub(crate) type CachedAllocator<B> = (u64, Arc<dyn Allocator<B>>);
+
 /// One thread's state for backend `B`. Created by [`runtime_statics!`](crate::runtime_statics);
 /// its contents are private to the typed layer.
 pub struct ThreadState<B: Runtime> {
@@ -84,7 +87,7 @@ pub struct ThreadState<B: Runtime> {
     /// The process-wide allocator as this thread last read it, with the generation it read
     /// (`Globals::allocator_generation`): `alloc` uses it without the global lock or a reference
     /// count, which threads would otherwise all write to.
-    pub(crate) global_allocator: RefCell<Option<(u64, Arc<dyn Allocator<B>>)>>,
+    pub(crate) global_allocator: RefCell<Option<CachedAllocator<B>>>,
 }
 
 impl<B: Runtime> ThreadState<B> {
