@@ -266,26 +266,61 @@ fn allocation(report: &mut Report) {
             "ns",
             true,
         );
+        // The targets as rows: the pointer path within 1.3x of the pool's own (the advantage
+        // column reads 1.00x or more when met), and the pool 15x ahead of each anchor.
+        report.add(
+            "allocation",
+            format!("MemoryPointer over the pool's own path, {name}"),
+            ptr_path / ours,
+            "target",
+            Some(1.3),
+            "x",
+            true,
+        );
+        let torch = report.external(&format!("torch_cpp_ns_{size}"));
+        for (anchor, figure) in
+            [("cuMemAllocAsync + cuMemFreeAsync", async_anchor), ("PyTorch caching allocator (C++)", torch)]
+        {
+            // Without the anchor in this run there is no ratio to show.
+            let Some(figure) = figure else { continue };
+            report.add(
+                "allocation",
+                format!("pool cache hit over {anchor}, {name}"),
+                figure / ours,
+                "target",
+                Some(15.0),
+                "x",
+                false,
+            );
+        }
     }
 }
 
-/// Aggregate allocate + free pairs per second of `threads` threads, each on its own
-/// non-blocking stream, `size` bytes each: `run` does `iters` pairs on the calling thread.
-fn threads_rate(threads: usize, iters: u64, run: impl Fn(&Stream, u64) + Send + Sync + 'static) -> f64 {
+/// Aggregate operations per second (millions) of `threads` threads, each on its own
+/// non-blocking stream (or all on the null stream, the default, with `own_stream` false): `run`
+/// does `iters` operations on the calling thread.
+fn threads_rate(
+    threads: usize,
+    iters: u64,
+    own_stream: bool,
+    run: impl Fn(Option<&Stream>, u64) + Send + Sync + 'static,
+) -> f64 {
     let run = Arc::new(run);
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (run, start) = (Arc::clone(&run), Arc::clone(&start));
             std::thread::spawn(move || {
-                let stream = Stream::non_blocking().unwrap();
-                let _g = stream.enter().unwrap();
-                run(&stream, iters / 10);
+                let stream = own_stream.then(|| Stream::non_blocking().unwrap());
+                let _g = stream.as_ref().map(|s| s.enter().unwrap());
+                run(stream.as_ref(), iters / 10);
                 start.wait();
                 let t = Instant::now();
-                run(&stream, iters);
+                run(stream.as_ref(), iters);
                 let elapsed = t.elapsed();
-                stream.synchronize().unwrap();
+                if let Some(s) = &stream {
+                    s.synchronize().unwrap();
+                }
                 elapsed
             })
         })
@@ -295,29 +330,65 @@ fn threads_rate(threads: usize, iters: u64, run: impl Fn(&Stream, u64) + Send + 
     (threads as f64 * iters as f64) / slowest.as_secs_f64() / 1e6
 }
 
-fn threads(report: &mut Report) {
-    eprintln!("threads, each on its own stream, 4 KiB allocate + free (M pairs/s, aggregate)");
-    let pool = Arc::new(SingleDeviceMemoryPool::new(dev()).unwrap());
-    let mut single = 0.0;
-    for n in [1usize, 4, 8] {
-        let p = Arc::clone(&pool);
-        let ours = median(
-            &mut (0..5)
-                .map(|_| {
-                    let p = Arc::clone(&p);
-                    threads_rate(n, 2_000_000, move |_, iters| {
-                        for _ in 0..iters {
-                            drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
-                        }
-                    })
-                })
-                .collect::<Vec<_>>(),
-        );
-        if n == 1 {
-            single = ours;
+/// Work that shares nothing between threads and touches no memory: a xorshift step per
+/// iteration, about as long as a cache hit. Its scaling is what the machine gives (a clock that
+/// drops as cores wake, hyperthreads sharing a core); the allocator's scaling is read against it.
+fn parallel_loop(iters: u64) {
+    let mut x = 0x9e37_79b9_7f4a_7c15u64 ^ black_box(iters);
+    for _ in 0..iters {
+        for _ in 0..24 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
         }
-        let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, |s, iters| {
-            let h = s.handle();
+        x = black_box(x);
+    }
+}
+
+/// The median of 5 runs of [`threads_rate`].
+fn median_rate(
+    threads: usize,
+    iters: u64,
+    own_stream: bool,
+    run: impl Fn(Option<&Stream>, u64) + Clone + Send + Sync + 'static,
+) -> f64 {
+    median(&mut (0..5).map(|_| threads_rate(threads, iters, own_stream, run.clone())).collect::<Vec<_>>())
+}
+
+fn threads(report: &mut Report) {
+    eprintln!("threads, 4 KiB allocate + free (M pairs/s, aggregate), beside a loop that shares nothing");
+    let pool = Arc::new(SingleDeviceMemoryPool::new(dev()).unwrap());
+    let pooled = {
+        let p = Arc::clone(&pool);
+        move |_: Option<&Stream>, iters: u64| {
+            for _ in 0..iters {
+                drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
+            }
+        }
+    };
+    let pointers = {
+        let p = Arc::clone(&pool);
+        move |_: Option<&Stream>, iters: u64| {
+            for _ in 0..iters {
+                drop(black_box(p.malloc(black_box(4096)).unwrap()));
+            }
+        }
+    };
+    let (mut single, mut single_loop, mut single_null) = (0.0, 0.0, 0.0);
+    for n in [1usize, 4, 8] {
+        // The loop first and last around gpumem's figure, so a clock that drifts during the run
+        // shows in their difference.
+        let loop_before = median_rate(n, 2_000_000, true, |_, iters| parallel_loop(iters));
+        let ours = median_rate(n, 2_000_000, true, pooled.clone());
+        let ptrs = median_rate(n, 2_000_000, true, pointers.clone());
+        let null = median_rate(n, 2_000_000, false, pooled.clone());
+        let loop_after = median_rate(n, 2_000_000, true, |_, iters| parallel_loop(iters));
+        let looped = (loop_before + loop_after) / 2.0;
+        if n == 1 {
+            (single, single_loop, single_null) = (ours, looped, null);
+        }
+        let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, true, |s, iters| {
+            let h = s.expect("own stream").handle();
             for _ in 0..iters {
                 // SAFETY: `s` is alive for the loop, so its handle is.
                 let Ok(ptr) = (unsafe { B::malloc_async(dev(), 4096, h) }) else { return };
@@ -353,13 +424,63 @@ fn threads(report: &mut Report) {
             "M/s",
             false,
         );
+        report.add(
+            "threads",
+            format!("{label}, MemoryPointer"),
+            ptrs,
+            "pool's own path, same threads",
+            Some(ours),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            format!("{label}, all on the null stream (one arena)"),
+            null,
+            "own streams",
+            Some(ours),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            format!(
+                "{label}, loop sharing nothing (before / after: {} / {})",
+                fmt(loop_before),
+                fmt(loop_after)
+            ),
+            looped,
+            "-",
+            None,
+            "M it/s",
+            false,
+        );
         if n > 1 {
+            let target = if n == 4 { 3.5 } else { 6.5 };
             report.add(
                 "threads",
                 format!("{n} threads over 1 thread (scaling)"),
                 ours / single,
                 "target",
-                Some(6.0),
+                Some(target),
+                "x",
+                false,
+            );
+            report.add(
+                "threads",
+                format!("{n} threads over 1 thread (scaling)"),
+                ours / single,
+                "the loop sharing nothing, its scaling",
+                Some(looped / single_loop),
+                "x",
+                false,
+            );
+            report.add(
+                "threads",
+                format!("{n} threads on the null stream over 1 thread on it (scaling)"),
+                null / single_null,
+                "target (own streams)",
+                Some(target),
                 "x",
                 false,
             );
@@ -617,6 +738,15 @@ fn hook_costs(report: &mut Report) {
     // Reading the statistics (each arena's lock once) and the summary table.
     let stats = ns_per_iter(9, 20_000, || drop(black_box(pool.stats())));
     report.add("hooks", "pool.stats(), one arena", stats, "cache hit, no hook", Some(bare), "ns", true);
+    report.add(
+        "hooks",
+        "hooked cache hit over the unhooked one",
+        with_hook / bare,
+        "target",
+        Some(2.5),
+        "x",
+        true,
+    );
     // The hook machinery's cost when no hook is installed: the check alone.
     let check = ns_per_iter(9, 10_000_000, || {
         black_box(hooks::active());

@@ -11,7 +11,9 @@ use std::time::{Duration, Instant};
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpumem_core::host::Host;
-use gpumem_core::{hooks, MemoryHook, SingleDeviceMemoryPool, Stream};
+use gpumem_core::{
+    alloc, get_allocator, hooks, DeviceBuffer, MemoryHook, MemoryPointer, SingleDeviceMemoryPool, Stream,
+};
 
 fn cache_hit(c: &mut Criterion) {
     let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
@@ -24,6 +26,28 @@ fn cache_hit(c: &mut Criterion) {
     }
     g.bench_function("malloc(MemoryPointer)+free/512B", |b| {
         b.iter(|| drop(black_box(pool.malloc(black_box(512)).unwrap())))
+    });
+    // The pointer over a reference-counted chunk, as every pointer was before chunks were held
+    // inline: the same pool call plus the `Arc`.
+    g.bench_function("MemoryPointer over an Arc (from_memory)+free/512B", |b| {
+        b.iter(|| drop(black_box(MemoryPointer::from_memory(pool.malloc_pooled(black_box(512)).unwrap()))))
+    });
+    g.finish();
+
+    // What `alloc` and `DeviceBuffer` go through: the current allocator (the default pool).
+    let mut g = c.benchmark_group("current_allocator");
+    drop(alloc::<Host>(512).unwrap());
+    g.bench_function("alloc+free/512B", |b| {
+        b.iter(|| drop(black_box(alloc::<Host>(black_box(512)).unwrap())))
+    });
+    g.bench_function("get_allocator().malloc+free/512B (the lookup alloc made before)", |b| {
+        b.iter(|| drop(black_box(get_allocator::<Host>().malloc(black_box(512)).unwrap())))
+    });
+    g.bench_function("DeviceBuffer<f32> from alloc+free/128 elements", |b| {
+        b.iter(|| {
+            let p = alloc::<Host>(black_box(512)).unwrap();
+            drop(black_box(DeviceBuffer::<f32, Host>::from_pointer(p, 128).unwrap()))
+        })
     });
     g.finish();
 }

@@ -11,6 +11,7 @@
 //! (the asynchronous copies of [`DeviceBuffer`](crate::DeviceBuffer)) goes through it.
 
 use std::marker::PhantomData;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -71,21 +72,66 @@ pub fn get_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
     if let Some(a) = B::thread_state().with(|ts| ts.allocators.borrow().last().cloned()) {
         return a;
     }
-    let globals = B::globals();
-    if let Some(a) = globals.allocator.read().as_ref() {
-        return Arc::clone(a);
-    }
-    get_default_memory_pool::<B>()
+    global_allocator::<B>()
 }
 
 /// Allocates `size` bytes on the current device with the current allocator (CuPy's
 /// `cupy.cuda.alloc`).
 ///
+/// Outside `using_allocator` scopes, each thread uses its own copy of the process-wide allocator
+/// (read again after every [`set_allocator`]), so threads allocating at once share no lock and no
+/// reference count. A thread's copy keeps an allocator that was replaced alive until that thread's
+/// next `alloc` (or its exit).
+///
 /// # Errors
 ///
 /// The allocator's.
+#[inline]
 pub fn alloc<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
-    get_allocator::<B>().malloc(size)
+    let fast = B::thread_state().try_with(|ts| {
+        if !ts.allocators.try_borrow().is_ok_and(|scopes| scopes.is_empty()) {
+            return None;
+        }
+        let generation = B::globals().allocator_generation.load(Ordering::Acquire);
+        // Borrowed, not cloned, while the allocator runs: an allocator that calls `alloc` again
+        // borrows it again; one that makes a refresh necessary meanwhile takes the slow path.
+        let cached = ts.global_allocator.try_borrow().ok()?;
+        match &*cached {
+            Some((g, a)) if *g == generation => Some(a.malloc(size)),
+            _ => None,
+        }
+    });
+    match fast {
+        Ok(Some(result)) => result,
+        _ => alloc_slow::<B>(size),
+    }
+}
+
+/// `alloc` when this thread's copy of the allocator is missing or stale, or inside a
+/// `using_allocator` scope.
+#[cold]
+fn alloc_slow<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
+    let scoped = B::thread_state().try_with(|ts| ts.allocators.borrow().last().cloned()).ok().flatten();
+    if let Some(a) = scoped {
+        return a.malloc(size);
+    }
+    // The generation first: a `set_allocator` after it leaves this copy stale, never wrong.
+    let generation = B::globals().allocator_generation.load(Ordering::Acquire);
+    let a = global_allocator::<B>();
+    let _ = B::thread_state().try_with(|ts| {
+        if let Ok(mut cached) = ts.global_allocator.try_borrow_mut() {
+            *cached = Some((generation, Arc::clone(&a)));
+        }
+    });
+    a.malloc(size)
+}
+
+/// The process-wide allocator.
+fn global_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
+    if let Some(a) = B::globals().allocator.read().as_ref() {
+        return Arc::clone(a);
+    }
+    get_default_memory_pool::<B>()
 }
 
 /// Sets the process-wide allocator; `None` selects [`PlainAllocator`] (no pool), as CuPy's
@@ -100,7 +146,14 @@ pub fn set_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> Re
     }
     let allocator = allocator.unwrap_or_else(|| Arc::new(PlainAllocator));
     let globals = B::globals();
-    *globals.allocator.write() = Some(allocator);
+    let mut current = globals.allocator.write();
+    let old = current.replace(allocator);
+    globals.allocator_generation.fetch_add(1, Ordering::Release);
+    drop(current);
+    // This thread's copy goes now; other threads drop theirs at their next `alloc`.
+    let _ = B::thread_state().try_with(|ts| ts.global_allocator.try_borrow_mut().map(|mut c| c.take()));
+    // The replaced allocator is dropped outside the lock (a pool's drop may call the runtime).
+    drop(old);
     Ok(())
 }
 

@@ -7,13 +7,18 @@
 //! the offset and the byte count against the memory's size: out of range is
 //! [`Error::OutOfBounds`], and nothing is touched.
 
+use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
+use crate::pool::{PooledMemory, RawAllocator};
 use crate::runtime::device::Device;
 use crate::runtime::memory::BaseMemory;
+use crate::runtime::pools::DeviceAllocator;
 use crate::runtime::state::Runtime;
 
 /// An exact byte offset from the start of a memory object.
@@ -69,13 +74,15 @@ impl Offset {
 }
 
 /// `Add`, `Sub`, `AddAssign`, `SubAssign` with `isize` (and `isize + pointer`) for a pointer type
-/// with fields `mem` (an `Arc`) and `offset` ([`Offset`]).
+/// that is `Clone` (sharing its memory) and has a field `offset` ([`Offset`]).
 macro_rules! pointer_arithmetic {
     ($ptr:ident) => {
         impl<B: Runtime> std::ops::Add<isize> for &$ptr<B> {
             type Output = $ptr<B>;
             fn add(self, n: isize) -> $ptr<B> {
-                $ptr { mem: std::sync::Arc::clone(&self.mem), offset: self.offset.add(n) }
+                let mut p = self.clone();
+                p.offset = p.offset.add(n);
+                p
             }
         }
 
@@ -104,7 +111,9 @@ macro_rules! pointer_arithmetic {
         impl<B: Runtime> std::ops::Sub<isize> for &$ptr<B> {
             type Output = $ptr<B>;
             fn sub(self, n: isize) -> $ptr<B> {
-                $ptr { mem: std::sync::Arc::clone(&self.mem), offset: self.offset.sub(n) }
+                let mut p = self.clone();
+                p.offset = p.offset.sub(n);
+                p
             }
         }
 
@@ -133,6 +142,100 @@ pub(crate) use pointer_arithmetic;
 
 pointer_arithmetic!(MemoryPointer);
 
+/// A chunk of a pool on the runtime's own allocator: what `malloc` of the default pools lends.
+type Chunk<B> = PooledMemory<DeviceAllocator<B>>;
+
+/// What a [`MemoryPointer`] holds of its memory, with the memory's address, size and device
+/// copied beside it (they never change: [`BaseMemory`]'s contract), so that the checks before a
+/// copy or memset make no virtual call.
+struct Held<B: Runtime> {
+    base: DevicePtr,
+    size: usize,
+    device: DeviceId,
+    owner: Owner<B>,
+}
+
+/// Who owns the memory.
+///
+/// A pool chunk starts inline: a cache hit makes no heap allocation for its pointer, and
+/// dropping the pointer gives the chunk back directly. The first time the memory is shared (a
+/// clone, `&p + n`, [`MemoryPointer::mem`], work queued on it that must keep it alive), the chunk
+/// moves into an `Arc`, once: from then on the pointer and everything that shares the memory hold
+/// that `Arc`, and the chunk goes back when the last of them is dropped.
+enum Owner<B: Runtime> {
+    Shared(Arc<dyn BaseMemory<B>>),
+    Inline {
+        /// The chunk, until it is shared (then `None`). The lock is taken only to share it;
+        /// dropping the pointer reaches the chunk through `&mut` with no atomic operation.
+        chunk: Mutex<Option<Chunk<B>>>,
+        /// The `Arc` the chunk moved into, once shared.
+        shared: OnceLock<Arc<dyn BaseMemory<B>>>,
+    },
+}
+
+impl<B: Runtime> Held<B> {
+    fn shared(mem: Arc<dyn BaseMemory<B>>) -> Self {
+        Held { base: mem.ptr(), size: mem.size(), device: mem.device_id(), owner: Owner::Shared(mem) }
+    }
+
+    #[inline]
+    fn inline(chunk: Chunk<B>) -> Self {
+        Held {
+            base: chunk.ptr(),
+            size: chunk.size(),
+            device: chunk.device_id(),
+            owner: Owner::Inline { chunk: Mutex::new(Some(chunk)), shared: OnceLock::new() },
+        }
+    }
+
+    /// The pool chunk's identifier, without sharing an inline chunk.
+    fn pmem_id(&self) -> Option<u64> {
+        match &self.owner {
+            Owner::Shared(mem) => mem.pmem_id(),
+            Owner::Inline { chunk, shared } => match shared.get() {
+                Some(mem) => mem.pmem_id(),
+                // Still inline, unless shared since the check above (then the `Arc` has it).
+                None => chunk
+                    .lock()
+                    .as_ref()
+                    .map(PooledMemory::pmem_id)
+                    .or_else(|| shared.get().and_then(|mem| mem.pmem_id())),
+            },
+        }
+    }
+
+    /// The memory as a shared object, moving an inline chunk into its `Arc` the first time.
+    fn arc(&self) -> &Arc<dyn BaseMemory<B>> {
+        match &self.owner {
+            Owner::Shared(mem) => mem,
+            Owner::Inline { chunk, shared } => shared.get_or_init(|| {
+                // `get_or_init` runs this once, and the chunk leaves its slot only here, so it
+                // is still there.
+                match chunk.lock().take() {
+                    Some(c) => Arc::new(c),
+                    None => unreachable!("an inline chunk is shared once"),
+                }
+            }),
+        }
+    }
+}
+
+impl<B: Runtime> fmt::Debug for Held<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.owner {
+            Owner::Shared(mem) => fmt::Debug::fmt(mem, f),
+            Owner::Inline { shared, .. } => match shared.get() {
+                Some(mem) => fmt::Debug::fmt(mem, f),
+                // The chunk's own format, from the copies beside it (the slot's lock is not
+                // taken: a `Debug` of a pointer being shared on another thread must not wait).
+                None => {
+                    write!(f, "<PooledMemory 0x{:x} size={} device={}>", self.base, self.size, self.device)
+                }
+            },
+        }
+    }
+}
+
 /// A pointer into device memory: CuPy's `MemoryPointer`. It keeps its memory alive; clones share
 /// the memory.
 ///
@@ -142,6 +245,12 @@ pointer_arithmetic!(MemoryPointer);
 /// [`Error::OutOfBounds`]. Unlike CuPy's cdef class, `p += n` changes only `p`, not other clones
 /// (Rust values are not shared references). Offsets are exact, as Python's integers: `(p + isize::MAX
 /// + 10) - isize::MAX` is `p + 10`.
+///
+/// A pointer from a pool on the runtime's allocator (the default pools, `alloc`) holds its chunk
+/// inline: allocating and dropping it costs what the pool's own path does, with no reference
+/// count. Its memory becomes a shared, reference-counted object the first time it is shared (a
+/// clone, `&p + n`, [`mem`](Self::mem), asynchronous work that keeps it alive); `p + n` and
+/// `p += n` on an owned pointer share nothing.
 ///
 /// ```
 /// use gpumem_core::host::Host;
@@ -158,13 +267,18 @@ pointer_arithmetic!(MemoryPointer);
 /// # Ok::<(), Error>(())
 /// ```
 pub struct MemoryPointer<B: Runtime> {
-    mem: Arc<dyn BaseMemory<B>>,
+    mem: Held<B>,
     offset: Offset,
 }
 
 impl<B: Runtime> Clone for MemoryPointer<B> {
     fn clone(&self) -> Self {
-        MemoryPointer { mem: Arc::clone(&self.mem), offset: self.offset }
+        let m = &self.mem;
+        let owner = Owner::Shared(Arc::clone(m.arc()));
+        MemoryPointer {
+            mem: Held { base: m.base, size: m.size, device: m.device, owner },
+            offset: self.offset,
+        }
     }
 }
 
@@ -183,25 +297,46 @@ impl<B: Runtime> MemoryPointer<B> {
     /// `OutOfBounds` unless `0 <= offset <= mem.size()` (CuPy only asserts against null
     /// memory).
     pub fn new(mem: Arc<dyn BaseMemory<B>>, offset: isize) -> Result<Self> {
-        let p = MemoryPointer { mem, offset: Offset::new(offset) };
+        let p = MemoryPointer { mem: Held::shared(mem), offset: Offset::new(offset) };
         p.check(0, "MemoryPointer offset")?;
         Ok(p)
     }
 
-    /// A pointer to the start of `mem`.
+    /// A pointer to the start of `mem`, which it moves into a shared, reference-counted object.
     pub fn from_memory(mem: impl BaseMemory<B>) -> Self {
-        MemoryPointer { mem: Arc::new(mem), offset: Offset::ZERO }
+        Self::from_arc(Arc::new(mem))
     }
 
     /// A pointer to the start of shared memory.
     pub fn from_arc(mem: Arc<dyn BaseMemory<B>>) -> Self {
-        MemoryPointer { mem, offset: Offset::ZERO }
+        MemoryPointer { mem: Held::shared(mem), offset: Offset::ZERO }
+    }
+
+    /// A pointer to the start of a pool's chunk. A chunk of a pool on the runtime's own allocator
+    /// is held inline (no allocation); others as [`from_memory`](Self::from_memory).
+    #[inline]
+    pub fn from_pooled<A: RawAllocator>(chunk: PooledMemory<A>) -> Self
+    where
+        A::Block: BaseMemory<B>,
+    {
+        // The type test is decided when `A` is known, at compile time: no cost at run time.
+        let mut slot = Some(chunk);
+        if let Some(own) = (&mut slot as &mut dyn Any).downcast_mut::<Option<Chunk<B>>>() {
+            if let Some(chunk) = own.take() {
+                return MemoryPointer { mem: Held::inline(chunk), offset: Offset::ZERO };
+            }
+        }
+        match slot {
+            Some(chunk) => Self::from_memory(chunk),
+            None => unreachable!("the chunk is taken only when it is held inline"),
+        }
     }
 
     /// The address this pointer points to (CuPy's `ptr`).
     #[must_use]
+    #[inline]
     pub fn ptr(&self) -> DevicePtr {
-        self.offset.address(self.mem.ptr())
+        self.offset.address(self.mem.base)
     }
 
     /// The offset from the start of the memory (saturated to `isize`'s range when pointer
@@ -211,10 +346,11 @@ impl<B: Runtime> MemoryPointer<B> {
         self.offset.saturated()
     }
 
-    /// The memory this pointer points into (CuPy's `mem`).
+    /// The memory this pointer points into (CuPy's `mem`). A chunk held inline becomes a shared
+    /// object here, once (see the type's docs).
     #[must_use]
     pub fn mem(&self) -> &Arc<dyn BaseMemory<B>> {
-        &self.mem
+        self.mem.arc()
     }
 
     /// The identifier of the pool chunk this pointer points into (CuPy's `ptr.mem`, a
@@ -227,8 +363,9 @@ impl<B: Runtime> MemoryPointer<B> {
 
     /// The device of the memory.
     #[must_use]
+    #[inline]
     pub fn device_id(&self) -> DeviceId {
-        self.mem.device_id()
+        self.mem.device
     }
 
     /// The device of the memory, as a [`Device`].
@@ -239,8 +376,9 @@ impl<B: Runtime> MemoryPointer<B> {
 
     /// Bytes from this pointer to the end of its memory; 0 when the pointer is outside it.
     #[must_use]
+    #[inline]
     pub fn size(&self) -> usize {
-        self.offset.remaining(self.mem.size())
+        self.offset.remaining(self.mem.size)
     }
 
     /// `self + n`, or an error when the result would be outside the memory.
@@ -249,13 +387,27 @@ impl<B: Runtime> MemoryPointer<B> {
     ///
     /// `OutOfBounds` unless the new offset is within `0..=size` of the memory.
     pub fn checked_add(&self, n: isize) -> Result<Self> {
-        let p = MemoryPointer { mem: Arc::clone(&self.mem), offset: self.offset.add(n) };
-        p.check(0, "MemoryPointer offset")?;
+        let target = self.offset.add(n);
+        target.check(self.mem.base, self.mem.size, 0, "MemoryPointer offset")?;
+        let mut p = self.clone();
+        p.offset = target;
         Ok(p)
     }
 
     /// The address of `len` bytes from this pointer, if they lie within the memory.
+    #[inline]
     pub(crate) fn check(&self, len: usize, operation: &'static str) -> Result<DevicePtr> {
-        self.offset.check(self.mem.ptr(), self.mem.size(), len, operation)
+        self.offset.check(self.mem.base, self.mem.size, len, operation)
+    }
+
+    /// The start address and size of the whole memory.
+    pub(crate) fn memory_span(&self) -> (DevicePtr, usize) {
+        (self.mem.base, self.mem.size)
+    }
+
+    /// Whether the memory is still held inline (never shared): for tests of the ownership model.
+    #[cfg(test)]
+    pub(crate) fn is_inline(&self) -> bool {
+        matches!(&self.mem.owner, Owner::Inline { shared, .. } if shared.get().is_none())
     }
 }

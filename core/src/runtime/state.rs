@@ -67,6 +67,9 @@ macro_rules! runtime_statics {
     };
 }
 
+/// A thread's copy of the process-wide allocator, with the generation it was read at.
+pub(crate) type CachedAllocator<B> = (u64, Arc<dyn Allocator<B>>);
+
 /// One thread's state for backend `B`. Created by [`runtime_statics!`](crate::runtime_statics);
 /// its contents are private to the typed layer.
 pub struct ThreadState<B: Runtime> {
@@ -81,6 +84,10 @@ pub struct ThreadState<B: Runtime> {
     pub(crate) arenas: ArenaCache,
     /// The allocators of the `using_allocator` scopes entered on this thread, innermost last.
     pub(crate) allocators: RefCell<Vec<Arc<dyn Allocator<B>>>>,
+    /// The process-wide allocator as this thread last read it, with the generation it read
+    /// (`Globals::allocator_generation`): `alloc` uses it without the global lock or a reference
+    /// count, which threads would otherwise all write to.
+    pub(crate) global_allocator: RefCell<Option<CachedAllocator<B>>>,
 }
 
 impl<B: Runtime> ThreadState<B> {
@@ -94,6 +101,7 @@ impl<B: Runtime> ThreadState<B> {
             arena_key: Cell::new(ArenaKey::UNSET),
             arenas: ArenaCache::new(),
             allocators: RefCell::new(Vec::new()),
+            global_allocator: RefCell::new(None),
         }
     }
 
@@ -166,6 +174,9 @@ pub(crate) type Deferred = Box<dyn FnOnce() + Send>;
 pub struct Globals<B: Runtime> {
     /// The allocator `alloc` uses when no `using_allocator` scope is active.
     pub(crate) allocator: RwLock<Option<Arc<dyn Allocator<B>>>>,
+    /// Raised by every `set_allocator`, after the allocator is replaced: a thread whose copy of
+    /// the allocator is of an older generation reads it again.
+    pub(crate) allocator_generation: std::sync::atomic::AtomicU64,
     /// The default device memory pool (`get_default_memory_pool`).
     pub(crate) memory_pool: OnceLock<Arc<MemoryPool<B>>>,
     /// The default pinned memory pool (`get_default_pinned_memory_pool`).
@@ -198,6 +209,7 @@ impl<B: Runtime> Globals<B> {
     pub fn new() -> Self {
         Globals {
             allocator: RwLock::new(None),
+            allocator_generation: std::sync::atomic::AtomicU64::new(0),
             memory_pool: OnceLock::new(),
             pinned_pool: OnceLock::new(),
             pinned_allocator: RwLock::new(None),

@@ -508,8 +508,8 @@ impl<B: Runtime> MemoryPointer<B> {
     ///
     /// The runtime's error recording the event.
     pub fn record_stream(&self, stream: &Stream<B>) -> Result<()> {
-        let start = self.mem().ptr();
-        let range = span(start, self.mem().size());
+        let (start, len) = self.memory_span();
+        let range = span(start, len);
         queue(Some(stream), vec![range], vec![keep_of(self)], |_| Ok(()))
     }
 }

@@ -184,12 +184,18 @@ where
     ///
     /// `LimitExceeded` or `OutOfMemory` (CuPy's messages) once the retries are exhausted; a
     /// hook's error; the raw allocator's other errors.
+    #[inline]
     pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
         let pooled = self.malloc_pooled(size)?;
         if !pooled.is_chunk() {
-            return Ok(MemoryPointer::from_memory(Memory::<B>::new_on(self.device_id(), 0)?));
+            return self.empty_pointer();
         }
-        Ok(MemoryPointer::from_memory(pooled))
+        Ok(MemoryPointer::from_pooled(pooled))
+    }
+
+    #[cold]
+    fn empty_pointer(&self) -> Result<MemoryPointer<B>> {
+        Ok(MemoryPointer::from_memory(Memory::<B>::new_on(self.device_id(), 0)?))
     }
 
     /// Allocates `size` bytes and returns the chunk itself, which goes back to the pool when

@@ -118,6 +118,7 @@ where
     /// # Errors
     ///
     /// As [`SingleDeviceMemoryPool::malloc`].
+    #[inline]
     pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
         self.current_pool()?.malloc(size)
     }

@@ -802,3 +802,105 @@ fn the_typed_pools_out_of_memory_observer_runs_before_the_error_returns() {
     assert_eq!(calls.load(Ordering::Relaxed), 1);
     assert_eq!(pool.stats().all.oom_errors, 1);
 }
+
+// A pointer from a pool on the runtime's allocator holds its chunk inline until the memory is
+// shared; these tests pin down when the chunk goes back in each case.
+
+#[test]
+fn an_inline_pointer_gives_its_chunk_back_when_dropped() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let p = pool.malloc(1000).unwrap();
+    assert!(p.is_inline(), "a cache miss or hit of the runtime's allocator is held inline");
+    assert_eq!((p.size(), pool.used_bytes()), (1024, 1024));
+    p.memset(7, 1024).unwrap();
+    let q = p + 24; // by value: still the one owner
+    assert!(q.is_inline());
+    assert_eq!(q.size(), 1000);
+    drop(q);
+    assert_eq!(pool.used_bytes(), 0);
+    assert_eq!(pool.n_free_blocks(), 1);
+}
+
+#[test]
+fn a_shared_inline_chunk_goes_back_with_the_last_pointer() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let p = pool.malloc(512).unwrap();
+    let base = p.ptr();
+    let q = &p + 100; // shares: the chunk moves into its shared object
+    assert!(!p.is_inline());
+    assert!(Arc::ptr_eq(p.mem(), q.mem()), "both hold the one shared object");
+    assert_eq!(p.mem().identity(), "PooledMemory");
+    assert_eq!((q.ptr(), q.size()), (base + 100, 412));
+    drop(p);
+    assert_eq!(pool.used_bytes(), 512, "the offset pointer keeps the chunk");
+    let r = q.clone();
+    drop(q);
+    assert_eq!(pool.used_bytes(), 512);
+    drop(r);
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn asking_for_the_memory_object_keeps_the_chunk_until_it_is_dropped() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let p = pool.malloc(512).unwrap();
+    let mem = Arc::clone(p.mem());
+    assert_eq!(format!("{p:?}"), format!("<MemoryPointer 0x{:x} device=0 mem={mem:?}>", p.ptr()));
+    drop(p);
+    assert_eq!(pool.used_bytes(), 512);
+    drop(mem);
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn queued_work_keeps_an_inline_chunk_alive() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let s = Stream::<Host>::non_blocking().unwrap();
+    let p = pool.malloc(4096).unwrap();
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let g = Arc::clone(&gate);
+    // The stream is held at a host function, so the memset behind it stays queued.
+    s.launch_host_func(move || {
+        g.wait();
+    })
+    .unwrap();
+    p.memset_async(3, 4096, Some(&s)).unwrap();
+    drop(p);
+    assert_eq!(pool.used_bytes(), 4096, "the queued memset keeps the chunk lent");
+    gate.wait();
+    s.synchronize().unwrap();
+    assert_eq!(pool.used_bytes(), 0, "released once the stream has passed the memset");
+}
+
+#[test]
+fn pointers_shared_from_many_threads_at_once_share_one_object() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let p = pool.malloc(512).unwrap();
+    let clones: Vec<MemoryPointer<Host>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..4)
+            .map(|i| {
+                scope.spawn({
+                    let p = &p;
+                    move || (p + i).clone()
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for c in &clones {
+        assert!(Arc::ptr_eq(c.mem(), p.mem()));
+    }
+    drop(p);
+    assert_eq!(pool.used_bytes(), 512);
+    drop(clones);
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn a_pool_on_another_allocator_gives_shared_pointers() {
+    let (pool, _raw) = mock_pool();
+    let p = pool.malloc(512).unwrap();
+    assert!(!p.is_inline());
+    drop(p);
+    assert_eq!(pool.used_bytes(), 0);
+}
