@@ -106,6 +106,76 @@ macro_rules! __safety_tests {
                     assert!(read(&b, N).iter().all(|&x| x == 1), "the replay wrote the new owner's bytes");
                 }
 
+                fn a_capture_lends_its_own_dropped_memory_again_within_itself() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let _current = s.enter().unwrap();
+                    s.begin_capture(None).unwrap();
+                    let a = pool.malloc(N).unwrap();
+                    let first = a.ptr();
+                    a.memset_async(1, N, None).unwrap();
+                    drop(a);
+                    let b = pool.malloc(N).unwrap();
+                    assert_eq!(b.ptr(), first, "the capture lends its dropped temporary again");
+                    b.memset_async(2, N, None).unwrap();
+                    let kept = pool.malloc(N).unwrap();
+                    assert_ne!(kept.ptr(), first, "not while it is in use");
+                    kept.memset_async(3, N, None).unwrap();
+                    drop(b);
+                    let graph = s.end_capture().unwrap();
+                    drop(_current);
+                    assert_eq!(pool.used_bytes(), 2 * N, "two chunks for three allocations");
+                    // Outside the capture the graph's memory is not lent.
+                    let eager = pool.malloc(N).unwrap();
+                    assert_ne!(eager.ptr(), first);
+                    eager.memset(9, N).unwrap();
+                    graph.launch(Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert_eq!(read(&eager, N), vec![9u8; N]);
+                    assert_eq!(read(&kept, N), vec![3u8; N]);
+                    drop(graph);
+                    drop(kept);
+                    assert_eq!(pool.used_bytes(), N, "the graph gave its memory back");
+                }
+
+                fn a_capture_with_a_forked_stream_lends_nothing_again() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let joined = Stream::non_blocking().unwrap();
+                    let _current = s.enter().unwrap();
+                    s.begin_capture(None).unwrap();
+                    // Memory touched on another stream of the capture is not lent again.
+                    let fork = s.record(None).unwrap();
+                    joined.wait_event(&fork).unwrap();
+                    let a = pool.malloc(N).unwrap();
+                    let first = a.ptr();
+                    a.memset_async(1, N, Some(&joined)).unwrap();
+                    drop(a);
+                    // Nor memory the capture's own stream alone touched once a stream has forked:
+                    // the forked stream's later work is not ordered after it.
+                    let c = pool.malloc(N).unwrap();
+                    let second = c.ptr();
+                    c.memset_async(2, N, None).unwrap();
+                    drop(c);
+                    let b = pool.malloc(N).unwrap();
+                    assert!(b.ptr() != first && b.ptr() != second, "nothing is lent again after a fork");
+                    b.memset_async(3, N, Some(&joined)).unwrap();
+                    s.wait_event(&joined.record(None).unwrap()).unwrap();
+                    let graph = s.end_capture().unwrap();
+                    drop(_current);
+                    graph.launch(Some(&s)).unwrap();
+                    s.synchronize().unwrap();
+                    assert_eq!(read(&b, N), vec![3u8; N]);
+                }
+
                 fn a_peer_copy_keeps_its_source_until_it_ran() {
                     if Device::count().unwrap() < 2 {
                         return;

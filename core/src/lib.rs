@@ -29,6 +29,31 @@
 //! [`host`] is a backend like the others (the same file names as the CUDA and HIP backends): the
 //! default one, where device memory is host memory and each stream is a worker thread.
 //!
+//! # What keeps memory alive
+//!
+//! Every asynchronous operation keeps alive what it touches (the memory behind a
+//! [`MemoryPointer`] or a [`DeviceBuffer`], a pinned buffer) until its stream has passed it: an
+//! event is recorded behind the operation, and what it keeps is released once the event has
+//! completed. Dropping the last handle a program holds therefore never frees, or lends again,
+//! bytes that queued work can still reach; a pool chunk released this way goes back to the pool
+//! only then. A synchronous access waits for queued work on the same bytes, and work queued on
+//! another stream is ordered after it, so two accesses through gpumem never race. Memory reached
+//! only through raw addresses (a kernel of the program's own) is kept with
+//! [`MemoryPointer::record_stream`]. Frees wait for nothing else: no stream is drained, and a
+//! free inside a host function or callback is carried out later, on a user thread.
+//!
+//! ## Graph-owned memory
+//!
+//! While a stream captures, what its operations touch goes to the capture and then to its
+//! [`Graph`], which holds it until the graph is dropped (after its queued replays); streams that
+//! join the capture through an event hand theirs to the same graph. Host functions captured into
+//! a graph belong to it the same way. Within a capture, memory the capture touched on its own
+//! stream alone and whose pointers were dropped during the capture is lent again to the
+//! capture's later allocations from the same pool (as PyTorch's private graph pools): a replay
+//! runs the stream's work in captured order, so the reuse is ordered after the earlier uses. It
+//! is never lent to work outside the capture while the graph lives. Such reuse does not pass
+//! through the pool, so the memory hooks and the pool's statistics do not see it.
+//!
 //! # Example
 //!
 //! ```

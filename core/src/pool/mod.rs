@@ -302,6 +302,13 @@ impl<R: RawAllocator> Pool<R> {
         self.shared.device
     }
 
+    /// A number that tells this pool from every other live pool (its chunks report the same
+    /// number: [`PooledMemory::pool_uid`]).
+    #[must_use]
+    pub fn uid(&self) -> usize {
+        Arc::as_ptr(&self.shared).addr()
+    }
+
     /// Installs what the pool calls before it grows: `reclaim(false)` on a cache miss, to give
     /// back chunks held only by finished work; `reclaim(true)` on the out-of-memory ladder's last
     /// step, to wait for that work. The runtime releases the memory its queued operations kept.
@@ -1081,6 +1088,12 @@ impl<R: RawAllocator> PooledMemory<R> {
             Some(arena) => pmem_id_of(arena.get(), self.slot),
             None => self.empty_id,
         }
+    }
+
+    /// The [`Pool::uid`] of the pool that lent the chunk (`None` for a zero-size allocation).
+    #[must_use]
+    pub fn pool_uid(&self) -> Option<usize> {
+        self.arena.as_ref().map(|arena| Arc::as_ptr(&arena.get().shared).addr())
     }
 
     /// The chunk's address (0 for a zero-size allocation).

@@ -41,6 +41,11 @@ pub unsafe trait BaseMemory<B: Runtime>: Send + Sync + fmt::Debug + 'static {
     fn pmem_id(&self) -> Option<u64> {
         None
     }
+    /// The [`Pool::uid`](crate::pool::Pool::uid) of the pool that lent this memory; `None` for
+    /// memory no pool lent.
+    fn pool_uid(&self) -> Option<usize> {
+        None
+    }
 }
 
 /// One raw device allocation, freed when dropped: CuPy's `Memory`.
@@ -200,6 +205,9 @@ where
     fn pmem_id(&self) -> Option<u64> {
         Some(PooledMemory::pmem_id(self))
     }
+    fn pool_uid(&self) -> Option<usize> {
+        PooledMemory::pool_uid(self)
+    }
 }
 
 /// The pool sees a memory object as a raw block.
@@ -236,5 +244,8 @@ unsafe impl<B: Runtime> BaseMemory<B> for Box<dyn BaseMemory<B>> {
     }
     fn pmem_id(&self) -> Option<u64> {
         (**self).pmem_id()
+    }
+    fn pool_uid(&self) -> Option<usize> {
+        (**self).pool_uid()
     }
 }

@@ -186,11 +186,32 @@ where
     /// hook's error; the raw allocator's other errors.
     #[inline]
     pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
+        if crate::runtime::stream::inflight::any_capture::<B>() {
+            if let Some(p) = self.reuse_in_capture(size) {
+                return Ok(p);
+            }
+        }
         let pooled = self.malloc_pooled(size)?;
         if !pooled.is_chunk() {
             return self.empty_pointer();
         }
         Ok(MemoryPointer::from_pooled(pooled))
+    }
+
+    /// While the current stream captures: memory of this pool that the capture touched and then
+    /// dropped, lent again within the capture (see the [crate docs](crate#graph-owned-memory)).
+    /// It does not pass through the pool, so the memory hooks and the statistics do not see it.
+    #[cold]
+    fn reuse_in_capture(&self, size: usize) -> Option<MemoryPointer<B>> {
+        let rounded = crate::pool::round_size(size).filter(|&n| n > 0)?;
+        let target = crate::runtime::stream::target::<B>(None);
+        crate::runtime::stream::inflight::reuse_in_capture::<B>(
+            &target,
+            self.device_id(),
+            self.pool.uid(),
+            rounded,
+        )
+        .map(MemoryPointer::from_arc)
     }
 
     #[cold]

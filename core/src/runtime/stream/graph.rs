@@ -56,7 +56,7 @@ impl<B: Runtime> fmt::Debug for Graph<B> {
         f.debug_struct("Graph")
             .field("device", &self.device)
             .field("host_functions", &self.parts.record.host_fns.len())
-            .field("kept", &self.parts.record.keeps.len())
+            .field("kept", &self.parts.record.n_kept())
             .finish_non_exhaustive()
     }
 }

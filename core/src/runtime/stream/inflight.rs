@@ -34,6 +34,7 @@ use parking_lot::{Mutex, RwLock, RwLockReadGuard};
 use crate::error::Result;
 use crate::hal::{CaptureStatus, DeviceId, EventFlags};
 use crate::pool::ArenaKey;
+use crate::runtime::memory::BaseMemory;
 use crate::runtime::state::Runtime;
 use crate::runtime::stream::callback::HostFnData;
 use crate::runtime::stream::event::Event;
@@ -90,8 +91,46 @@ const COLLECT_AT: usize = 16;
 #[derive(Default)]
 pub(crate) struct CaptureRecord {
     pub(crate) keeps: Vec<Keep>,
+    /// The device memory the captured work touches, once each, by address of its shared object.
+    pub(crate) memory: HashMap<usize, CapturedMemory>,
     pub(crate) host_fns: Vec<Arc<HostFnData>>,
     pub(crate) ranges: Vec<Range>,
+    /// Another stream joined the capture: from then on the capture lends nothing again (that
+    /// stream's later work is not ordered after the origin's earlier work).
+    forked: bool,
+}
+
+/// Device memory a capture touches: held for the graph, and whether only the stream that began
+/// the capture touched it (then the capture may lend it again, see [`reuse_in_capture`]).
+pub(crate) struct CapturedMemory {
+    /// An `Arc<dyn BaseMemory<B>>`, as a [`Keep`].
+    keep: Keep,
+    only_origin: bool,
+}
+
+impl CaptureRecord {
+    /// What the record holds for the graph, in all.
+    pub(crate) fn n_kept(&self) -> usize {
+        self.keeps.len() + self.memory.len()
+    }
+
+    /// Adds what an operation captured on `stream` keeps; `origin` is the stream that began the
+    /// capture.
+    fn add<B: Runtime>(&mut self, keeps: Vec<Keep>, ranges: Vec<Range>, stream: ArenaKey, origin: ArenaKey) {
+        for keep in keeps {
+            let Some(mem) = keep.downcast_ref::<Arc<dyn BaseMemory<B>>>() else {
+                self.keeps.push(keep);
+                continue;
+            };
+            let address = Arc::as_ptr(mem).cast::<()>().addr();
+            let on_origin = stream == origin;
+            self.memory
+                .entry(address)
+                .and_modify(|m| m.only_origin &= on_origin)
+                .or_insert(CapturedMemory { keep, only_origin: on_origin });
+        }
+        self.ranges.extend(ranges);
+    }
 }
 
 /// The captures gpumem began: their records by the identity of the stream that began them, and
@@ -222,9 +261,8 @@ impl<B: Runtime> Queueing<'_, B> {
                 self.record.and_then(|r| self.captures.as_ref().and_then(|map| map.by_stream.get(&r)));
             match record {
                 Some(record) => {
-                    let mut record = record.lock();
-                    record.keeps.extend(keeps);
-                    record.ranges.extend(ranges);
+                    let origin = self.record.unwrap_or(self.target.identity);
+                    record.lock().add::<B>(keeps, ranges, self.target.identity, origin);
                 }
                 None => inflight.orphans.lock().extend(keeps),
             }
@@ -420,6 +458,65 @@ pub(crate) fn with_capture_of<B: Runtime, T>(
     match record.and_then(|r| map.by_stream.get(&r)) {
         Some(record) => f(Some(&mut record.lock()), true),
         None => f(None, capturing),
+    }
+}
+
+/// Whether any capture begun by gpumem is under way (one relaxed load: the allocation path asks).
+#[inline]
+pub(crate) fn any_capture<B: Runtime>() -> bool {
+    B::CAPS.capture && B::globals().inflight.n_captures.load(Ordering::Relaxed) > 0
+}
+
+/// A capture's own reuse of memory, as PyTorch's private graph pools: while `target` captures
+/// (a capture gpumem began on that stream), memory of `size` bytes from pool `pool_uid` that the
+/// capture touched on `target` alone and that nothing but the capture holds any more (its
+/// pointers were dropped during the capture) is lent again, to the capture's later work. Every
+/// replay runs the stream's work in the order it was captured, so the earlier uses are done
+/// before the later ones start; the graph holds the memory either way until it is dropped, and
+/// no work outside the capture is lent it.
+pub(crate) fn reuse_in_capture<B: Runtime>(
+    target: &Target<B>,
+    device: DeviceId,
+    pool_uid: usize,
+    size: usize,
+) -> Option<Arc<dyn BaseMemory<B>>> {
+    let map = B::globals().inflight.captures.read_recursive();
+    let record = map.by_stream.get(&target.identity)?.lock();
+    if record.forked {
+        return None;
+    }
+    record.memory.values().filter(|m| m.only_origin).find_map(|m| {
+        let mem = m.keep.downcast_ref::<Arc<dyn BaseMemory<B>>>()?;
+        // Only the record holds it (under the record's lock nothing else can take a reference).
+        let free = Arc::strong_count(mem) == 1;
+        (free && mem.size() == size && mem.device_id() == device && mem.pool_uid() == Some(pool_uid))
+            .then(|| Arc::clone(mem))
+    })
+}
+
+/// After `target` waited for an event: if that made it join a capture gpumem began on another
+/// stream (a fork), the capture stops lending memory again (see [`reuse_in_capture`]).
+///
+/// # Safety
+///
+/// `target.handle` is live for this call.
+pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
+    if !any_capture::<B>() {
+        return;
+    }
+    let map = B::globals().inflight.captures.read_recursive();
+    // SAFETY: the caller keeps the handle live.
+    let (record, capturing) = unsafe { map.of(target) };
+    match record {
+        Some(origin) if origin != target.identity => {
+            if let Some(record) = map.by_stream.get(&origin) {
+                record.lock().forked = true;
+            }
+        }
+        // Capturing into a capture gpumem cannot name: stop every capture's reuse, since this
+        // stream may belong to any of them.
+        None if capturing => map.by_stream.values().for_each(|r| r.lock().forked = true),
+        _ => {}
     }
 }
 

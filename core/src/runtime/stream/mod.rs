@@ -376,8 +376,14 @@ impl<B: Runtime> Stream<B> {
     ///
     /// The runtime's error.
     pub fn wait_event(&self, event: &Event<B>) -> Result<()> {
+        let dev = self.run_device();
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
-        unsafe { B::stream_wait_event(self.run_device(), self.inner.handle, event.raw()) }
+        unsafe { B::stream_wait_event(dev, self.inner.handle, event.raw()) }?;
+        let target =
+            inflight::Target::<B> { handle: self.inner.handle, device: dev, identity: self.arena_key() };
+        // SAFETY: as above.
+        unsafe { inflight::after_wait(&target) };
+        Ok(())
     }
 
     /// Queues `callback(stream, status)` to run once the work queued so far is done (CuPy's
