@@ -6,6 +6,7 @@ use crate::sys::{self, CUevent};
 use gpumem_core::{DeviceId, EventFlags, EventOps, Result};
 
 use crate::device::make_current;
+use crate::legacy;
 use crate::result::{self, check, code, ERROR_NOT_READY, SUCCESS};
 use crate::stream::CudaStream;
 use crate::Cuda;
@@ -68,6 +69,7 @@ impl EventOps for Cuda {
     /// The driver's error (an event and a stream of different contexts, for one).
     unsafe fn event_record(dev: DeviceId, event: &CudaEvent, stream: CudaStream) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuEventRecord", dev, stream)?;
         // SAFETY: a context is current; the event is live while borrowed; the stream handle is live.
         check("cuEventRecord", unsafe { sys::cuEventRecord(event.0, stream.as_raw()) })
     }

@@ -7,6 +7,7 @@ use crate::sys::{self, CUgraph, CUgraphExec};
 use gpumem_core::{CaptureMode, CaptureStatus, DeviceId, Error, GraphOps, Result};
 
 use crate::device::make_current;
+use crate::legacy;
 use crate::result::{self, check, code, BACKEND, SUCCESS};
 use crate::stream::CudaStream;
 use crate::Cuda;
@@ -56,8 +57,19 @@ impl GraphOps for Cuda {
             CaptureMode::ThreadLocal => sys::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
             CaptureMode::Relaxed => sys::CU_STREAM_CAPTURE_MODE_RELAXED,
         };
-        // SAFETY: a context is current; the handle is live; `mode` is one of `CUstreamCaptureMode`'s values.
-        check("cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode) })
+        // A blocking stream's capture is registered against legacy-stream work first (see the
+        // `legacy` module: the driver may crash on their meeting).
+        let blocking = stream == CudaStream::PER_THREAD || {
+            let mut flags: c_uint = 0;
+            // SAFETY: a context is current; the handle is live; `flags` is a valid out-pointer.
+            let r = unsafe { sys::cuStreamGetFlags(stream.0, &mut flags) };
+            code(r) != SUCCESS || flags & sys::CU_STREAM_NON_BLOCKING == 0
+        };
+        legacy::begin_capture(dev, stream, blocking, || {
+            // SAFETY: a context is current; the handle is live; `mode` is one of
+            // `CUstreamCaptureMode`'s values.
+            check("cuStreamBeginCapture_v2", unsafe { sys::cuStreamBeginCapture_v2(stream.0, mode) })
+        })
     }
 
     /// Ends the capture (`cuStreamEndCapture`) and instantiates the graph
@@ -72,6 +84,8 @@ impl GraphOps for Cuda {
         let mut graph: CUgraph = ptr::null_mut();
         // SAFETY: a context is current; the handle is live; `graph` is a valid out-pointer.
         let r = unsafe { sys::cuStreamEndCapture(stream.0, &mut graph) };
+        // Over, unless this stream only joined the capture (then it never registered).
+        legacy::ended(dev, stream);
         if code(r) != SUCCESS {
             if !graph.is_null() {
                 // SAFETY: a graph the driver handed out despite the error is ours to destroy, once.
@@ -151,6 +165,7 @@ impl GraphOps for Cuda {
     /// The driver's error.
     unsafe fn graph_launch(dev: DeviceId, graph: &CudaGraph, stream: CudaStream) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuGraphLaunch", dev, stream)?;
         // SAFETY: a context is current; the executable graph is live while borrowed; the stream
         // handle is live.
         check("cuGraphLaunch", unsafe { sys::cuGraphLaunch(graph.exec, stream.0) })

@@ -80,6 +80,7 @@ mod graph;
 #[cfg(feature = "cudarc")]
 #[cfg_attr(docsrs, doc(cfg(feature = "cudarc")))]
 pub mod interop;
+mod legacy;
 mod memory;
 mod result;
 mod stream;

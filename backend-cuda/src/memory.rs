@@ -17,6 +17,7 @@ use crate::sys::{self, CUdeviceptr, CUmemoryPool};
 use gpumem_core::{AsyncPoolAttribute, DeviceId, DevicePtr, Error, MemoryOps, Result};
 
 use crate::device::{self, make_current, DeviceSlot};
+use crate::legacy;
 use crate::result::{check, check_alloc, BACKEND};
 use crate::stream::CudaStream;
 use crate::Cuda;
@@ -150,6 +151,7 @@ impl MemoryOps for Cuda {
     /// `Unsupported` on a device without memory pools; `OutOfMemory`; the driver's error.
     unsafe fn malloc_async(dev: DeviceId, size: usize, stream: CudaStream) -> Result<DevicePtr> {
         let slot = make_current(dev)?;
+        let _legacy = legacy::enter("cuMemAllocAsync", dev, stream)?;
         prepare_async_pool(slot, "malloc_async")?;
         let mut ptr: CUdeviceptr = 0;
         // SAFETY: `dev`'s context is current; `ptr` is a valid out-pointer; the stream handle is
@@ -170,6 +172,7 @@ impl MemoryOps for Cuda {
     /// The driver's error.
     unsafe fn free_async(dev: DeviceId, ptr: DevicePtr, stream: CudaStream) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuMemFreeAsync", dev, stream)?;
         // SAFETY: the caller guarantees `ptr` is a live stream-ordered allocation, freed once; the
         // stream handle is live.
         check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(dptr(ptr), stream.as_raw()) })
@@ -230,6 +233,7 @@ impl MemoryOps for Cuda {
     /// The driver's error.
     unsafe fn memcpy(dev: DeviceId, dst: DevicePtr, src: DevicePtr, n: usize) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuMemcpy", dev, CudaStream::LEGACY)?;
         // SAFETY: `dev`'s context is current; the caller guarantees both ranges.
         check("cuMemcpy", unsafe { sys::cuMemcpy(dptr(dst), dptr(src), n) })?;
         wait_for_legacy_stream("cuStreamSynchronize")
@@ -252,6 +256,7 @@ impl MemoryOps for Cuda {
         stream: CudaStream,
     ) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuMemcpyAsync", dev, stream)?;
         // SAFETY: `dev`'s context is current; the caller guarantees both ranges until the stream
         // reaches the copy; the stream handle is live.
         check("cuMemcpyAsync", unsafe { sys::cuMemcpyAsync(dptr(dst), dptr(src), n, stream.as_raw()) })
@@ -268,6 +273,7 @@ impl MemoryOps for Cuda {
     /// The driver's error.
     unsafe fn memset(dev: DeviceId, dst: DevicePtr, value: u8, n: usize) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuMemsetD8_v2", dev, CudaStream::LEGACY)?;
         // SAFETY: `dev`'s context is current; the caller guarantees the range.
         check("cuMemsetD8_v2", unsafe { sys::cuMemsetD8_v2(dptr(dst), value, n) })?;
         wait_for_legacy_stream("cuStreamSynchronize")
@@ -290,6 +296,7 @@ impl MemoryOps for Cuda {
         stream: CudaStream,
     ) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuMemsetD8Async", dev, stream)?;
         // SAFETY: `dev`'s context is current; the caller guarantees the range until the stream
         // reaches the memset; the stream handle is live.
         check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dptr(dst), value, n, stream.as_raw()) })

@@ -9,6 +9,7 @@ use gpumem_core::{DeviceId, HostFn, Result, StreamCallback, StreamFlags, StreamO
 
 use crate::device::make_current;
 use crate::event::CudaEvent;
+use crate::legacy;
 use crate::result::{self, check, code, ERROR_NOT_READY, SUCCESS};
 use crate::Cuda;
 
@@ -168,6 +169,7 @@ impl StreamOps for Cuda {
     /// The driver's error.
     unsafe fn stream_destroy(dev: DeviceId, stream: CudaStream) -> Result<()> {
         make_current(dev)?;
+        legacy::ended(dev, stream);
         // SAFETY: the caller guarantees a live stream of ours, destroyed once.
         check("cuStreamDestroy_v2", unsafe { sys::cuStreamDestroy_v2(stream.0) })
     }
@@ -206,6 +208,7 @@ impl StreamOps for Cuda {
     /// The driver's error (querying a capturing stream is one, and invalidates the capture).
     unsafe fn stream_query(dev: DeviceId, stream: CudaStream) -> Result<bool> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuStreamQuery", dev, stream)?;
         // SAFETY: a context is current; the handle is live.
         let r = unsafe { sys::cuStreamQuery(stream.0) };
         match code(r) {
@@ -222,6 +225,7 @@ impl StreamOps for Cuda {
     /// The driver's error.
     unsafe fn stream_synchronize(dev: DeviceId, stream: CudaStream) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuStreamSynchronize", dev, stream)?;
         // SAFETY: a context is current; the handle is live.
         check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(stream.0) })
     }
@@ -233,6 +237,7 @@ impl StreamOps for Cuda {
     /// The driver's error.
     unsafe fn stream_wait_event(dev: DeviceId, stream: CudaStream, event: &CudaEvent) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuStreamWaitEvent", dev, stream)?;
         // SAFETY: a context is current; both handles are live; the flags must be 0.
         check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.0, event.as_raw(), 0) })
     }
@@ -253,6 +258,7 @@ impl StreamOps for Cuda {
         data: *mut c_void,
     ) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuLaunchHostFunc", dev, stream)?;
         // SAFETY: a context is current; the handle is live; `HostFn` is exactly the function type
         // `CUhostFn` wraps, and the caller guarantees `func` does not unwind and `data` stays valid.
         check("cuLaunchHostFunc", unsafe { sys::cuLaunchHostFunc(stream.0, Some(func), data) })
@@ -265,6 +271,7 @@ impl StreamOps for Cuda {
     /// The driver's error; the callback is then dropped without running.
     unsafe fn add_callback(dev: DeviceId, stream: CudaStream, callback: StreamCallback) -> Result<()> {
         make_current(dev)?;
+        let _legacy = legacy::enter("cuStreamAddCallback", dev, stream)?;
         // A thin pointer for the driver: the callback is a fat `Box<dyn FnOnce>`.
         let data = Box::into_raw(Box::new(callback)).cast::<c_void>();
         // SAFETY: a context is current; the handle is live; the trampoline has the driver's callback

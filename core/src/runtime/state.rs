@@ -88,6 +88,20 @@ pub struct ThreadState<B: Runtime> {
     /// (`Globals::allocator_generation`): `alloc` uses it without the global lock or a reference
     /// count, which threads would otherwise all write to.
     pub(crate) global_allocator: RefCell<Option<CachedAllocator<B>>>,
+    /// Captures gpumem began on this thread's per-thread default stream and has not ended:
+    /// their device and stream identity. They are ended when the thread exits (see `Drop`).
+    pub(crate) per_thread_captures: RefCell<Vec<(DeviceId, ArenaKey)>>,
+}
+
+impl<B: Runtime> Drop for ThreadState<B> {
+    /// Ends what this thread's per-thread default stream still captures, discarding the graph:
+    /// the stream goes with the thread, and CUDA's driver (580.159) crashes when other threads'
+    /// legacy-stream work meets a per-thread stream torn down while it captures.
+    fn drop(&mut self) {
+        for (device, identity) in self.per_thread_captures.get_mut().drain(..) {
+            crate::runtime::stream::end_abandoned_capture::<B>(device, identity);
+        }
+    }
 }
 
 impl<B: Runtime> ThreadState<B> {
@@ -102,6 +116,7 @@ impl<B: Runtime> ThreadState<B> {
             arenas: ArenaCache::new(),
             allocators: RefCell::new(Vec::new()),
             global_allocator: RefCell::new(None),
+            per_thread_captures: RefCell::new(Vec::new()),
         }
     }
 

@@ -528,14 +528,22 @@ impl<B: Runtime> Stream<B> {
         if !B::CAPS.capture {
             return Err(Error::Unsupported { operation: "begin_capture", backend: B::NAME });
         }
-        inflight::begin_capture::<B>(self.arena_key(), || {
+        let identity = self.arena_key();
+        inflight::begin_capture::<B>(identity, || {
             // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
             unsafe { B::begin_capture(self.run_device(), self.inner.handle, mode.unwrap_or_default()) }?;
             // The capture's id finds it from streams that join it. A backend that cannot tell
             // (or fails to) leaves their work to be held for good, which is safe.
             // SAFETY: as above.
             Ok(unsafe { B::capture_id(self.run_device(), self.inner.handle) }.ok().flatten())
-        })
+        })?;
+        if self.ptr() == PER_THREAD_STREAM_PTR {
+            // Ended when the thread exits, if the program does not end it first.
+            let dev = self.run_device();
+            let _ =
+                B::thread_state().try_with(|ts| ts.per_thread_captures.borrow_mut().push((dev, identity)));
+        }
+        Ok(())
     }
 
     /// Ends the capture and returns the instantiated graph, which owns the host functions
@@ -550,7 +558,12 @@ impl<B: Runtime> Stream<B> {
         if !B::CAPS.capture {
             return Err(Error::Unsupported { operation: "end_capture", backend: B::NAME });
         }
-        let (raw, record) = inflight::end_capture::<B, _>(self.arena_key(), || {
+        let identity = self.arena_key();
+        if self.ptr() == PER_THREAD_STREAM_PTR {
+            let _ = B::thread_state()
+                .try_with(|ts| ts.per_thread_captures.borrow_mut().retain(|c| *c != (dev, identity)));
+        }
+        let (raw, record) = inflight::end_capture::<B, _>(identity, || {
             // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
             unsafe { B::end_capture(dev, self.inner.handle) }
         })?;
@@ -655,6 +668,19 @@ impl<B: Runtime> fmt::Debug for ExternalStream<B> {
 impl<B: Runtime> From<ExternalStream<B>> for Stream<B> {
     fn from(s: ExternalStream<B>) -> Self {
         s.0
+    }
+}
+
+/// Ends a capture gpumem began on the calling thread's per-thread default stream, which the
+/// program left capturing, and discards its graph (the thread is exiting).
+pub(crate) fn end_abandoned_capture<B: Runtime>(device: DeviceId, identity: ArenaKey) {
+    let ended = inflight::end_capture::<B, _>(identity, || {
+        // SAFETY: the per-thread handle is valid on the thread it names, the calling one.
+        unsafe { B::end_capture(device, B::per_thread_stream()) }
+    });
+    // An error means the capture was invalidated or unjoined: it is over either way.
+    if let Ok((raw, record)) = ended {
+        drop(Graph::<B>::new(raw, device, record));
     }
 }
 
