@@ -59,12 +59,19 @@ impl GraphOps for Cuda {
         };
         // A blocking stream's capture is registered against legacy-stream work first (see the
         // `legacy` module: the driver may crash on their meeting).
-        let blocking = stream == CudaStream::PER_THREAD || {
-            let mut flags: c_uint = 0;
-            // SAFETY: a context is current; the handle is live; `flags` is a valid out-pointer.
-            let r = unsafe { sys::cuStreamGetFlags(stream.0, &mut flags) };
-            code(r) != SUCCESS || flags & sys::CU_STREAM_NON_BLOCKING == 0
-        };
+        // A stream that already captures (it joined a capture) is left to the driver, which
+        // refuses the begin; asking it for its flags would invalidate that capture.
+        let mut status: c_uint = 0;
+        // SAFETY: a context is current; the handle is live; `status` has the size and alignment of
+        // the C enum the driver writes.
+        let idle = code(unsafe { sys::cuStreamIsCapturing(stream.0, &mut status) }) == SUCCESS && status == 0;
+        let blocking = idle
+            && (stream == CudaStream::PER_THREAD || {
+                let mut flags: c_uint = 0;
+                // SAFETY: a context is current; the handle is live; `flags` is a valid out-pointer.
+                let r = unsafe { sys::cuStreamGetFlags(stream.0, &mut flags) };
+                code(r) != SUCCESS || flags & sys::CU_STREAM_NON_BLOCKING == 0
+            });
         legacy::begin_capture(dev, stream, blocking, || {
             // SAFETY: a context is current; the handle is live; `mode` is one of
             // `CUstreamCaptureMode`'s values.
