@@ -64,6 +64,8 @@ pub use stats::{
     SegmentSnapshot, Stat,
 };
 pub use sync::ArenaCache;
+#[doc(hidden)]
+pub use sync::{set_arena_lock, ArenaLockKind};
 use sync::{ArenaLock, ArenaRef};
 
 /// The pool's allocation unit: every size is rounded up to a multiple of it (CuPy's

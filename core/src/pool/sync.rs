@@ -19,28 +19,66 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+use parking_lot::lock_api::RawMutex;
+
 use super::ArenaKey;
 
-/// A spin-then-yield lock around `T`.
+/// Which lock new arenas take: the hand-written one below, or `parking_lot`'s raw mutex. Only
+/// benchmarks change it (see [`set_arena_lock`]); pools use [`ArenaLockKind::Spin`].
+#[doc(hidden)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ArenaLockKind {
+    /// One compare-and-swap to lock, a release store to unlock; waiters spin, then yield.
+    Spin,
+    /// `parking_lot::RawMutex`: a compare-and-swap each to lock and unlock; waiters park.
+    ParkingLot,
+}
+
+static ARENA_LOCK: AtomicBool = AtomicBool::new(false);
+
+/// Sets the lock of the arenas made from now on (arenas that exist keep theirs), so that one
+/// benchmark binary can measure a cache hit under both locks. Not for use outside benchmarks.
+#[doc(hidden)]
+pub fn set_arena_lock(kind: ArenaLockKind) {
+    ARENA_LOCK.store(kind == ArenaLockKind::ParkingLot, Ordering::Relaxed);
+}
+
+/// A lock around `T`: spin-then-yield, or `parking_lot`'s raw mutex for the benchmark that
+/// compares the two. The kind is fixed when the lock is made, and read beside the lock word on
+/// every lock and unlock (the same cache line; a branch that always goes the same way).
 pub(crate) struct ArenaLock<T> {
     locked: AtomicBool,
+    parking: bool,
+    raw: parking_lot::RawMutex,
     value: UnsafeCell<T>,
 }
 
 // SAFETY: the lock gives `&mut T` to one thread at a time (acquire on lock, release on unlock
-// order every access), so `T: Send` suffices, as for `std::sync::Mutex`.
+// order every access, for either kind of lock), so `T: Send` suffices, as for
+// `std::sync::Mutex`.
 unsafe impl<T: Send> Send for ArenaLock<T> {}
 // SAFETY: as above.
 unsafe impl<T: Send> Sync for ArenaLock<T> {}
 
 impl<T> ArenaLock<T> {
     pub(crate) fn new(value: T) -> Self {
-        ArenaLock { locked: AtomicBool::new(false), value: UnsafeCell::new(value) }
+        ArenaLock {
+            locked: AtomicBool::new(false),
+            parking: ARENA_LOCK.load(Ordering::Relaxed),
+            raw: <parking_lot::RawMutex as RawMutex>::INIT,
+            value: UnsafeCell::new(value),
+        }
     }
 
     #[inline]
     pub(crate) fn lock(&self) -> ArenaGuard<'_, T> {
-        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        if self.parking {
+            self.raw.lock();
+        } else if self
+            .locked
+            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
+            .is_err()
+        {
             self.lock_contended();
         }
         ArenaGuard { lock: self }
@@ -90,7 +128,13 @@ impl<T> DerefMut for ArenaGuard<'_, T> {
 impl<T> Drop for ArenaGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        self.lock.locked.store(false, Ordering::Release);
+        if self.lock.parking {
+            // SAFETY: a guard is made only by `lock`, which locked `raw` on this thread for a lock
+            // of this kind; this drop is the one unlock of that lock.
+            unsafe { self.lock.raw.unlock() };
+        } else {
+            self.lock.locked.store(false, Ordering::Release);
+        }
     }
 }
 
