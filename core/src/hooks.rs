@@ -21,6 +21,10 @@
 //! [`PooledMemory::free`](crate::PooledMemory::free).
 //!
 //! While no thread has a hook installed, the pool pays one relaxed atomic load per operation.
+//! With hooks on the thread, each step of an operation reads which callbacks the thread's hooks
+//! implement ([`MemoryHook::callbacks`], one thread-local load); only when one does, it takes the
+//! thread's list of hooks (one thread-local access and one reference count for all of them) and
+//! calls them.
 //!
 //! # Process-wide observers
 //!

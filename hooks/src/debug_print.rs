@@ -23,11 +23,12 @@ use gpumem_core::{AllocEvent, FreeEvent, HookResult, MallocEvent, MemoryHook};
 /// `pmem_id` as Python's `hex()` (lowercase, `0x`, no padding). `size` is the size asked for and
 /// `mem_size` the size rounded to the pool's unit.
 ///
-/// Each line is formatted into a stack buffer and handed to the writer with a single
-/// `write_all` (the newline included), then the writer is flushed if `flush` is set (the
-/// default, as in CuPy). Into a [`BufWriter`](std::io::BufWriter) a line costs 25 to 30 ns on a
-/// 2-core VM, flushing or not (`benches/debug_print.rs`); a `BufWriter` over a file with
-/// `flush` off is the fast setting, since each flush of a file is a system call. A write or flush error is returned from the callback, so it reaches
+/// Each line is formatted into a buffer the hook keeps (no allocation, no `fmt` machinery, no
+/// loop over digits) and handed to the writer with a single `write_all` (the newline included),
+/// then the writer is flushed if `flush` is set (the default, as in CuPy). The hook declares
+/// only its three callbacks ([`MemoryHook::callbacks`]), so the pool skips the pre callbacks.
+/// A `BufWriter` over a file with `flush` off is the fast setting, since each flush of a file
+/// is a system call. A write or flush error is returned from the callback, so it reaches
 /// the caller of `malloc` or [`PooledMemory::free`](gpumem_core::PooledMemory::free) as
 /// [`Error::Hook`](gpumem_core::Error::Hook); the pool still returns or keeps its chunk as the
 /// [hook rules](gpumem_core::hooks) say, so nothing leaks.
