@@ -1,5 +1,6 @@
 //! The pool's hot path on the host backend: a cache hit (allocate + free of the same size), the
-//! cost of the hook check, and the aggregate rate of threads each on its own stream.
+//! cost of the hook check, the aggregate rate of threads each on its own stream, and the arena
+//! lock against `parking_lot`'s raw mutex.
 //!
 //! `cargo bench -p gpumem-core --bench pool`
 
@@ -127,9 +128,56 @@ fn threads(c: &mut Criterion) {
     g.finish();
 }
 
+/// The pool's arena lock (hand-written, one compare-and-swap and a release store per pair)
+/// against `parking_lot::RawMutex` (a compare-and-swap each way): a cache hit on one thread, and
+/// four threads sharing the null stream's arena (no stream entered), where waiters spin and
+/// yield or park.
+fn arena_lock(c: &mut Criterion) {
+    use gpumem_core::pool::{set_arena_lock, ArenaLockKind};
+    let mut g = c.benchmark_group("arena_lock");
+    for (name, kind) in [("hand-written", ArenaLockKind::Spin), ("parking_lot", ArenaLockKind::ParkingLot)] {
+        set_arena_lock(kind);
+        let pool = Arc::new(SingleDeviceMemoryPool::<Host>::new(0).unwrap());
+        drop(pool.malloc_pooled(512).unwrap());
+        let p = Arc::clone(&pool);
+        std::thread::spawn(move || drop(p.malloc_pooled(4096).unwrap())).join().unwrap();
+        set_arena_lock(ArenaLockKind::Spin);
+        g.throughput(Throughput::Elements(1));
+        g.bench_function(BenchmarkId::new("cache_hit_512B", name), |b| {
+            b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
+        });
+        g.throughput(Throughput::Elements(4));
+        g.bench_function(BenchmarkId::new("4_threads_null_stream_4KiB", name), |b| {
+            b.iter_custom(|iters| run_shared(&pool, 4, iters))
+        });
+    }
+    g.finish();
+}
+
+/// `threads` threads on the null stream (one arena), each doing `iters` 4 KiB pairs; the wall
+/// time of the slowest.
+fn run_shared(pool: &Arc<SingleDeviceMemoryPool<Host>>, threads: usize, iters: u64) -> Duration {
+    let start = Arc::new(Barrier::new(threads + 1));
+    let handles: Vec<_> = (0..threads)
+        .map(|_| {
+            let (pool, start) = (Arc::clone(pool), Arc::clone(&start));
+            std::thread::spawn(move || {
+                start.wait();
+                let t = Instant::now();
+                for _ in 0..iters {
+                    drop(black_box(pool.malloc_pooled(black_box(4096)).unwrap()));
+                }
+                t.elapsed()
+            })
+        })
+        .collect();
+    start.wait();
+    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = cache_hit, hook_check, threads
+    targets = cache_hit, hook_check, threads, arena_lock
 }
 criterion_main!(benches);

@@ -21,6 +21,10 @@
 //! [`PooledMemory::free`](crate::PooledMemory::free).
 //!
 //! While no thread has a hook installed, the pool pays one relaxed atomic load per operation.
+//! With hooks on the thread, each step of an operation reads which callbacks the thread's hooks
+//! implement ([`MemoryHook::callbacks`], one thread-local load); only when one does, it takes the
+//! thread's list of hooks (one thread-local access and one reference count for all of them) and
+//! calls them.
 //!
 //! # Process-wide observers
 //!
@@ -30,7 +34,7 @@
 //! per-thread hook sees only its own thread. Installing one sets a bit of the same atomic that
 //! counts hooked threads, so the check on the hot path stays one relaxed load.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::fmt;
 use std::ops::Deref;
 use std::rc::Rc;
@@ -83,6 +87,63 @@ pub struct FreeEvent {
 /// The result of a hook callback.
 pub type HookResult = std::result::Result<(), HookError>;
 
+/// A set of [`MemoryHook`] callbacks: what [`MemoryHook::callbacks`] says a hook implements.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Callbacks(u8);
+
+impl Callbacks {
+    /// `alloc_preprocess`.
+    pub const ALLOC_PREPROCESS: Self = Callbacks(1);
+    /// `alloc_postprocess`.
+    pub const ALLOC_POSTPROCESS: Self = Callbacks(1 << 1);
+    /// `malloc_preprocess`.
+    pub const MALLOC_PREPROCESS: Self = Callbacks(1 << 2);
+    /// `malloc_postprocess`.
+    pub const MALLOC_POSTPROCESS: Self = Callbacks(1 << 3);
+    /// `free_preprocess`.
+    pub const FREE_PREPROCESS: Self = Callbacks(1 << 4);
+    /// `free_postprocess`.
+    pub const FREE_POSTPROCESS: Self = Callbacks(1 << 5);
+    /// None of them.
+    pub const NONE: Self = Callbacks(0);
+    /// The three `*_preprocess` callbacks.
+    pub const PREPROCESS: Self = Callbacks(1 | 1 << 2 | 1 << 4);
+    /// The three `*_postprocess` callbacks.
+    pub const POSTPROCESS: Self = Callbacks(1 << 1 | 1 << 3 | 1 << 5);
+    /// All six.
+    pub const ALL: Self = Callbacks(0b11_1111);
+
+    /// Both sets.
+    #[must_use]
+    pub const fn union(self, other: Self) -> Self {
+        Callbacks(self.0 | other.0)
+    }
+
+    /// Whether every callback of `other` is in `self`.
+    #[must_use]
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl std::ops::BitOr for Callbacks {
+    type Output = Self;
+    fn bitor(self, other: Self) -> Self {
+        self.union(other)
+    }
+}
+
+/// One of the six callbacks, as the pool fires it: its bit and its name (for [`Error::Hook`]).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Phase(Callbacks, &'static str);
+
+pub(crate) const ALLOC_PREPROCESS: Phase = Phase(Callbacks::ALLOC_PREPROCESS, "alloc_preprocess");
+pub(crate) const ALLOC_POSTPROCESS: Phase = Phase(Callbacks::ALLOC_POSTPROCESS, "alloc_postprocess");
+pub(crate) const MALLOC_PREPROCESS: Phase = Phase(Callbacks::MALLOC_PREPROCESS, "malloc_preprocess");
+pub(crate) const MALLOC_POSTPROCESS: Phase = Phase(Callbacks::MALLOC_POSTPROCESS, "malloc_postprocess");
+pub(crate) const FREE_PREPROCESS: Phase = Phase(Callbacks::FREE_PREPROCESS, "free_preprocess");
+pub(crate) const FREE_POSTPROCESS: Phase = Phase(Callbacks::FREE_POSTPROCESS, "free_postprocess");
+
 /// A memory hook (CuPy's `MemoryHook`). Every callback has a do-nothing default.
 ///
 /// Hooks are per thread, so they need not be `Send` or `Sync`; they take `&self` and keep any
@@ -91,6 +152,15 @@ pub trait MemoryHook {
     /// The name the hook is registered under; two hooks of one name cannot be installed on one
     /// thread at once.
     fn name(&self) -> &str;
+
+    /// The callbacks this hook implements: the pool calls only these, and skips the others
+    /// without a call (while no installed hook of the thread has a callback, that step of an
+    /// operation costs one thread-local read). All six by default; a hook that leaves some to
+    /// their do-nothing defaults can name the rest, as [`Callbacks::POSTPROCESS`] for a hook
+    /// that only records outcomes. Read once, when the hook is installed.
+    fn callbacks(&self) -> Callbacks {
+        Callbacks::ALL
+    }
 
     /// Before a raw allocation.
     ///
@@ -148,20 +218,71 @@ static HOOKED_THREADS: AtomicUsize = AtomicUsize::new(0);
 /// The bit of `HOOKED_THREADS` set while a process-wide observer is installed.
 const OBSERVED: usize = 1 << (usize::BITS - 1);
 
+/// The calling thread's hooks. The list is shared (`Rc`) and replaced, never changed in place, when
+/// a hook is installed or removed: an operation takes the list once (one reference-count
+/// increment for all its hooks, however many) and calls the hooks of that snapshot, while a
+/// callback that installs or removes a hook changes the list the next operation sees.
 struct Registry {
-    hooks: Vec<Rc<dyn MemoryHook>>,
+    hooks: RefCell<Option<Rc<[Entry]>>>,
 }
+
+/// An installed hook and the callbacks it implements (read once, at install).
+#[derive(Clone)]
+struct Entry {
+    hook: Rc<dyn MemoryHook>,
+    wanted: u8,
+}
+
+thread_local! {
+    /// The union of the callbacks of the calling thread's hooks (0: no hook). It has no
+    /// destructor, so reading it is a plain thread-local load, valid to the thread's end.
+    static WANTED: Cell<u8> = const { Cell::new(0) };
+}
+
+impl Registry {
+    fn list(&self) -> Vec<Entry> {
+        self.hooks.borrow().as_deref().map(<[_]>::to_vec).unwrap_or_default()
+    }
+
+    /// Replaces the list (`None` when it is empty), counting the thread in or out of
+    /// `HOOKED_THREADS` when it gains its first hook or loses its last.
+    fn set(&self, list: Vec<Entry>) {
+        // A hook with no callback still counts as installed (`active` is true), as before.
+        let wanted = list.iter().fold(0u8, |m, e| m | e.wanted | INSTALLED);
+        let new = if list.is_empty() { None } else { Some(Rc::<[_]>::from(list)) };
+        WANTED.with(|w| w.set(wanted));
+        let mut hooks = self.hooks.borrow_mut();
+        match (hooks.is_some(), new.is_some()) {
+            (false, true) => {
+                HOOKED_THREADS.fetch_add(1, Ordering::Relaxed);
+            }
+            (true, false) => {
+                HOOKED_THREADS.fetch_sub(1, Ordering::Relaxed);
+            }
+            _ => {}
+        }
+        // The old list is dropped after the borrow ends: dropping a hook may run its `Drop`, which
+        // may install or remove hooks.
+        let old = std::mem::replace(&mut *hooks, new);
+        drop(hooks);
+        drop(old);
+    }
+}
+
+/// The bit of `WANTED` set while the thread has any hook.
+const INSTALLED: u8 = 1 << 7;
 
 impl Drop for Registry {
     fn drop(&mut self) {
-        if !self.hooks.is_empty() {
+        let _ = WANTED.try_with(|w| w.set(0));
+        if self.hooks.get_mut().is_some() {
             HOOKED_THREADS.fetch_sub(1, Ordering::Relaxed);
         }
     }
 }
 
 thread_local! {
-    static HOOKS: RefCell<Registry> = const { RefCell::new(Registry { hooks: Vec::new() }) };
+    static HOOKS: Registry = const { Registry { hooks: RefCell::new(None) } };
 }
 
 /// Whether the calling thread has a hook installed: the check the pool makes on every operation.
@@ -169,31 +290,39 @@ thread_local! {
 #[must_use]
 pub fn active() -> bool {
     let state = HOOKED_THREADS.load(Ordering::Relaxed);
-    state != 0 && (state & OBSERVED != 0 || HOOKS.try_with(|h| !h.borrow().hooks.is_empty()).unwrap_or(false))
+    state != 0 && (state & OBSERVED != 0 || WANTED.try_with(Cell::get).unwrap_or(0) != 0)
 }
 
 /// Calls `call` on every hook of the calling thread in registration order; stops at the first
 /// error. Hooks may install or remove hooks, or allocate, from inside a callback: the registry is
-/// not borrowed while a hook runs.
-pub(crate) fn fire(phase: &'static str, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
-    let mut i = 0;
-    loop {
-        // One thread-local access per hook: the hook, and whether another follows it.
-        let next = HOOKS.try_with(|h| {
-            let registry = h.borrow();
-            registry.hooks.get(i).map(|hook| (Rc::clone(hook), i + 1 < registry.hooks.len()))
-        });
-        let Some((hook, more)) = next.ok().flatten() else { return Ok(()) };
-        call(&*hook).map_err(|source| Error::Hook {
-            hook: hook.name().to_owned(),
-            phase,
-            source: source.into(),
-        })?;
-        if !more {
-            return Ok(());
-        }
-        i += 1;
+/// not borrowed while a hook runs, and this call goes on with the hooks installed when it began.
+#[inline]
+pub(crate) fn fire(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
+    if WANTED.try_with(Cell::get).unwrap_or(0) & phase.0 .0 == 0 {
+        return Ok(());
     }
+    fire_hooks(phase, call)
+}
+
+/// [`fire`] past the check: one thread-local access and one reference count for the whole list.
+#[inline]
+fn fire_hooks(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
+    let Some(list) = HOOKS.try_with(|h| h.hooks.borrow().clone()).ok().flatten() else { return Ok(()) };
+    for e in list.iter() {
+        if e.wanted & phase.0 .0 == 0 {
+            continue;
+        }
+        if let Err(source) = call(&*e.hook) {
+            return Err(hook_error(&*e.hook, phase.1, source));
+        }
+    }
+    Ok(())
+}
+
+#[cold]
+#[inline(never)]
+fn hook_error(hook: &dyn MemoryHook, phase: &'static str, source: HookError) -> Error {
+    Error::Hook { hook: hook.name().to_owned(), phase, source: source.into() }
 }
 
 /// Installs `hook` on the calling thread until the returned guard is dropped.
@@ -227,17 +356,14 @@ pub(crate) fn fire(phase: &'static str, call: impl Fn(&dyn MemoryHook) -> HookRe
 /// ```
 pub fn install<H: MemoryHook + 'static>(hook: H) -> Result<HookGuard<H>> {
     let hook = Rc::new(hook);
-    let name = hook.name().to_owned();
     HOOKS.with(|h| {
-        let mut registry = h.borrow_mut();
-        if registry.hooks.iter().any(|x| x.name() == name) {
-            return Err(Error::HookAlreadyRegistered(name));
-        }
-        if registry.hooks.is_empty() {
-            HOOKED_THREADS.fetch_add(1, Ordering::Relaxed);
+        let mut list = h.list();
+        if list.iter().any(|e| e.hook.name() == hook.name()) {
+            return Err(Error::HookAlreadyRegistered(hook.name().to_owned()));
         }
         let erased: Rc<dyn MemoryHook> = hook.clone();
-        registry.hooks.push(erased);
+        list.push(Entry { hook: erased, wanted: hook.callbacks().0 });
+        h.set(list);
         Ok(HookGuard { hook })
     })
 }
@@ -245,7 +371,7 @@ pub fn install<H: MemoryHook + 'static>(hook: H) -> Result<HookGuard<H>> {
 /// The names of the hooks installed on the calling thread, in call order.
 #[must_use]
 pub fn installed() -> Vec<String> {
-    HOOKS.with(|h| h.borrow().hooks.iter().map(|x| x.name().to_owned()).collect())
+    HOOKS.with(|h| h.list().iter().map(|e| e.hook.name().to_owned()).collect())
 }
 
 /// Keeps a hook installed; dropping it removes the hook (whatever the order of removal). It
@@ -281,11 +407,11 @@ impl<H: MemoryHook + 'static> Drop for HookGuard<H> {
     fn drop(&mut self) {
         let target = Rc::as_ptr(&self.hook).cast::<()>();
         let _ = HOOKS.try_with(|h| {
-            let mut registry = h.borrow_mut();
-            let before = registry.hooks.len();
-            registry.hooks.retain(|x| Rc::as_ptr(x).cast::<()>() != target);
-            if before != 0 && registry.hooks.is_empty() {
-                HOOKED_THREADS.fetch_sub(1, Ordering::Relaxed);
+            let mut list = h.list();
+            let before = list.len();
+            list.retain(|e| Rc::as_ptr(&e.hook).cast::<()>() != target);
+            if list.len() != before {
+                h.set(list);
             }
         });
     }
@@ -395,10 +521,16 @@ pub fn observed() -> bool {
 }
 
 /// Tells every process-wide observer of `event` in arena `arena`.
+#[inline]
 pub(crate) fn observe(event: Observed, arena: u64) {
-    if !observed() {
-        return;
+    if observed() {
+        observe_all(event, arena);
     }
+}
+
+#[cold]
+#[inline(never)]
+fn observe_all(event: Observed, arena: u64) {
     let list: Vec<std::sync::Arc<dyn ProcessObserver>> = OBSERVERS.read().clone();
     let observation = Observation { event, arena };
     for o in list {

@@ -5,6 +5,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::io::{self, Write};
 
+use gpumem_core::hooks::Callbacks;
 use gpumem_core::{AllocEvent, HookResult, MallocEvent, MemoryHook};
 
 use crate::stack::{StackCapture, StackFrame};
@@ -293,6 +294,11 @@ impl fmt::Debug for LineProfileHook {
 impl MemoryHook for LineProfileHook {
     fn name(&self) -> &str {
         "LineProfileHook"
+    }
+
+    /// `alloc_preprocess` and `malloc_preprocess` only.
+    fn callbacks(&self) -> Callbacks {
+        Callbacks::ALLOC_PREPROCESS | Callbacks::MALLOC_PREPROCESS
     }
 
     /// Adds `mem_size` to the acquired bytes of the root and of each frame of the call stack.

@@ -64,6 +64,8 @@ pub use stats::{
     SegmentSnapshot, Stat,
 };
 pub use sync::ArenaCache;
+#[doc(hidden)]
+pub use sync::{set_arena_lock, ArenaLockKind};
 use sync::{ArenaLock, ArenaRef};
 
 /// The pool's allocation unit: every size is rounded up to a multiple of it (CuPy's
@@ -357,7 +359,7 @@ impl<R: RawAllocator> Pool<R> {
     ) -> Result<PooledMemory<R>> {
         let device_id = self.shared.device;
         let pre = MallocEvent { device_id, size, mem_size, mem_ptr: 0, pmem_id: 0 };
-        hooks::fire("malloc_preprocess", |h| h.malloc_preprocess(&pre))?;
+        hooks::fire(hooks::MALLOC_PREPROCESS, |h| h.malloc_preprocess(&pre))?;
         let result = self.lend(size, mem_size, key, cache, true);
         let post = match &result {
             Ok(p) => MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre },
@@ -366,7 +368,7 @@ impl<R: RawAllocator> Pool<R> {
         hooks::observe(Observed::Malloc(post), key.raw());
         // On a post-hook error the allocation is dropped here, so the chunk goes back (firing the
         // free hooks, as in CuPy) and nothing leaks.
-        hooks::fire("malloc_postprocess", |h| h.malloc_postprocess(&post))?;
+        hooks::fire(hooks::MALLOC_POSTPROCESS, |h| h.malloc_postprocess(&post))?;
         result
     }
 
@@ -712,7 +714,7 @@ impl<R: RawAllocator> Pool<R> {
         loop {
             let pre = AllocEvent { device_id, mem_size: size, mem_ptr: 0 };
             if hooked {
-                hooks::fire("alloc_preprocess", |h| h.alloc_preprocess(&pre))?;
+                hooks::fire(hooks::ALLOC_PREPROCESS, |h| h.alloc_preprocess(&pre))?;
             }
             let result = self
                 .shared
@@ -723,7 +725,9 @@ impl<R: RawAllocator> Pool<R> {
                 let mem_ptr = result.as_ref().map_or(0, RawBlock::address);
                 hooks::observe(Observed::Alloc(AllocEvent { mem_ptr, ..pre }), key.raw());
                 // On error the new block (if any) is dropped, i.e. freed: nothing leaks.
-                hooks::fire("alloc_postprocess", |h| h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre }))?;
+                hooks::fire(hooks::ALLOC_POSTPROCESS, |h| {
+                    h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre })
+                })?;
             }
             match result {
                 Err(e) if e.is_out_of_memory() && attempt < 2 => {
@@ -1158,11 +1162,11 @@ impl<R: RawAllocator> PooledMemory<R> {
         };
         // The guard returns the chunk even if a pre-hook fails or panics.
         let guard = GiveBackOnDrop(Some((arena, self.slot, fence)));
-        let pre = hooks::fire("free_preprocess", |h| h.free_preprocess(&event));
+        let pre = hooks::fire(hooks::FREE_PREPROCESS, |h| h.free_preprocess(&event));
         let key = guard.0.as_ref().map_or(ArenaKey::UNSET, |(a, _, _)| a.get().key);
         drop(guard);
         hooks::observe(Observed::Free(event), key.raw());
-        let post = hooks::fire("free_postprocess", |h| h.free_postprocess(&event));
+        let post = hooks::fire(hooks::FREE_POSTPROCESS, |h| h.free_postprocess(&event));
         pre.and(post)
     }
 }
