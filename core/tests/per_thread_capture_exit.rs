@@ -13,7 +13,9 @@ fn an_abandoned_per_thread_capture_is_ended_when_its_thread_exits() {
     const N: usize = 4096;
     let pool = MemoryPool::<Host>::new();
     std::thread::scope(|scope| {
-        scope.spawn(|| {
+        // Joined explicitly: that waits for the thread's exit, its thread-locals' destruction
+        // included (the scope's own join may return before).
+        let exiting = scope.spawn(|| {
             let s = Stream::<Host>::per_thread();
             s.begin_capture(None).unwrap();
             let p = pool.malloc(N).unwrap();
@@ -21,6 +23,7 @@ fn an_abandoned_per_thread_capture_is_ended_when_its_thread_exits() {
             drop(p);
             assert_eq!(pool.used_bytes(), N, "the capture keeps the chunk");
         });
+        exiting.join().unwrap();
     });
     assert_eq!(pool.used_bytes(), 0, "the thread's exit ended the capture and dropped its graph");
     // Legacy-stream work runs again.

@@ -74,6 +74,7 @@ struct PerThread(Arc<Worker>);
 
 impl Drop for PerThread {
     fn drop(&mut self) {
+        self.0.abandon_capture();
         self.0.shut_down();
     }
 }

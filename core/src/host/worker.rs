@@ -319,6 +319,18 @@ impl Worker {
         }
     }
 
+    /// Ends what this stream captures, discarding it (its thread is exiting, as CUDA discards
+    /// the capture of a per-thread default stream whose thread exits).
+    pub(crate) fn abandon_capture(&self) {
+        let mut st = lock(&self.state);
+        if let Some(capture) = st.live_capture().cloned() {
+            if capture.is_origin(self.key()) {
+                drop(capture.end());
+            }
+            st.capture = None;
+        }
+    }
+
     /// Lets the thread finish what is queued and exit.
     pub(crate) fn shut_down(&self) {
         lock(&self.state).shutdown = true;
