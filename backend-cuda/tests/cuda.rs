@@ -18,24 +18,8 @@ use gpumem_core::{
 };
 use gpumem_cuda::{Cuda, CudaStream};
 
-/// Whether `GPUMEM_REQUIRE_DEVICE=1` is set (the GPU machine's runner sets it).
-fn device_required() -> bool {
-    std::env::var("GPUMEM_REQUIRE_DEVICE").is_ok_and(|v| v.trim() == "1")
-}
-
-/// The number of devices; fails the test when there is no usable GPU.
-fn require_gpu() -> usize {
-    match Device::<Cuda>::count() {
-        Ok(n) => n,
-        Err(e) => panic!("this test needs an NVIDIA GPU with its driver, and found none: {e}"),
-    }
-}
-
-fn read_back(p: &MemoryPointer<Cuda>, n: usize) -> Vec<u8> {
-    let mut out = vec![0u8; n];
-    p.copy_to_host(&mut out, n).expect("copy_to_host");
-    out
-}
+mod support;
+use support::{device_required, read_back, require_gpu};
 
 #[test]
 fn driver_presence_decides_every_answer() {

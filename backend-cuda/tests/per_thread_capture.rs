@@ -5,22 +5,11 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use gpumem_core::{Device, Memory, MemoryPointer, MemoryPool, Stream};
+use gpumem_core::{Memory, MemoryPointer, MemoryPool, Stream};
 use gpumem_cuda::Cuda;
 
-/// The number of devices; fails the test when there is no usable GPU.
-fn require_gpu() -> usize {
-    match Device::<Cuda>::count() {
-        Ok(n) => n,
-        Err(e) => panic!("this test needs an NVIDIA GPU with its driver, and found none: {e}"),
-    }
-}
-
-fn read_back(p: &MemoryPointer<Cuda>, n: usize) -> Vec<u8> {
-    let mut out = vec![0u8; n];
-    p.copy_to_host(&mut out, n).expect("copy_to_host");
-    out
-}
+mod support;
+use support::{read_back, require_gpu};
 
 /// Progress, for finding where a crash happens (`GPUMEM_TEST_TRACE=1`).
 fn step(what: &str) {
