@@ -11,13 +11,6 @@ use gpumem_cuda::Cuda;
 mod support;
 use support::{read_back, require_gpu};
 
-/// Progress, for finding where a crash happens (`GPUMEM_TEST_TRACE=1`).
-fn step(what: &str) {
-    if std::env::var_os("GPUMEM_TEST_TRACE").is_some() {
-        eprintln!("step: {what}");
-    }
-}
-
 /// A per-thread default stream captured while other threads queue work on the legacy stream:
 /// CUDA invalidates such a capture (`CUDA_ERROR_STREAM_CAPTURE_IMPLICIT`), and every call must
 /// answer with an error, never crash. Then a thread that leaves its per-thread stream capturing
@@ -44,29 +37,20 @@ fn per_thread_captures_beside_legacy_work_fail_cleanly() {
         }
         for _ in 0..200 {
             let s = Stream::<Cuda>::per_thread();
-            step("begin");
             if s.begin_capture(None).is_err() {
                 continue;
             }
-            step("host function");
             let r = Arc::clone(&ran);
             let _ = s.launch_host_func(move || {
                 r.fetch_add(1, Ordering::SeqCst);
             });
-            step("memset");
             let _ = target.memset_async(2, N, Some(&s));
-            step("end");
             if let Ok(graph) = s.end_capture() {
-                step("launch");
                 let _ = graph.launch(Some(&s));
-                step("synchronize");
                 let _ = s.synchronize();
-                step("drop graph");
             }
-            step("round done");
             assert!(!matches!(s.is_capturing(), Ok(true)), "end_capture ends the capture either way");
         }
-        step("rounds done");
         // A thread whose per-thread stream is still capturing when it exits: gpumem ends the
         // capture and discards its graph first (CUDA 580's driver crashes when this legacy work
         // meets a per-thread stream torn down while capturing).
@@ -74,24 +58,18 @@ fn per_thread_captures_beside_legacy_work_fail_cleanly() {
         scope
             .spawn(move || {
                 let s = Stream::<Cuda>::per_thread();
-                step("exiting thread: begins");
                 if s.begin_capture(None).is_ok() {
                     let p = pool.malloc(N).expect("malloc");
                     let _ = p.memset_async(3, N, Some(&s));
                     let _ = s.launch_host_func(|| {});
                 }
-                step("exiting thread: exits");
             })
             .join()
             .expect("the capturing thread exits");
         assert_eq!(pool.used_bytes(), 0, "the abandoned capture's graph gave its memory back");
-        step("exiting thread joined");
         stop.store(true, Ordering::Relaxed);
     });
-    step("scope done");
-    step("after the scope");
     // The device is still usable.
     target.memset(4, N).expect("memset after the rounds");
     assert!(read_back(&target, N).iter().all(|&x| x == 4));
-    step("test body done");
 }

@@ -21,6 +21,22 @@ macro_rules! __async_pool_tests {
                 <gpumem::DefaultBackend as $crate::__private::core::Api>::CAPS.stream_ordered_allocation
             }
 
+            /// Asserts that `pool` comes to use `expected` bytes, running `step` before each look
+            /// for up to five seconds: another test's thread may be the one that releases a
+            /// finished operation's keep, and so queues the free.
+            fn comes_to_use(pool: &MemoryAsyncPool, expected: usize, mut step: impl FnMut()) {
+                let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+                loop {
+                    step();
+                    let used = pool.used_bytes().unwrap();
+                    if used == expected || std::time::Instant::now() > deadline {
+                        assert_eq!(used, expected);
+                        return;
+                    }
+                    std::thread::sleep(std::time::Duration::from_millis(1));
+                }
+            }
+
             conformance! {
                 fn malloc_async_gives_a_memory_pointer_on_the_current_stream() {
                     let _serial = $crate::async_pool_lock();
@@ -109,18 +125,7 @@ macro_rules! __async_pool_tests {
                     let p = pool.malloc(1 << 20).unwrap();
                     p.memset_async(1, 1 << 20, None).unwrap();
                     drop(p); // the memset may still be queued: the memory is freed after it
-                    // Another test's thread may be the one that releases the finished memset's
-                    // keep (and so queues the free): try again a little.
-                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                    loop {
-                        pool.free_all_blocks(None).unwrap();
-                        let used = pool.used_bytes().unwrap();
-                        if used == used_before || std::time::Instant::now() > deadline {
-                            assert_eq!(used, used_before);
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
+                    comes_to_use(&pool, used_before, || pool.free_all_blocks(None).unwrap());
                 }
 
                 fn memory_async_pool_is_an_allocator() {
@@ -174,18 +179,7 @@ macro_rules! __async_pool_tests {
 
                     go.send(()).unwrap();
                     b.synchronize().unwrap(); // the memset is done: the free goes to stream a
-                    // Another test's thread may be the one that releases the finished memset's
-                    // keep (and so queues the free): wait for it a little.
-                    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-                    loop {
-                        a.synchronize().unwrap();
-                        let used = pool.used_bytes().unwrap();
-                        if used == used_with_p - (1 << 20) || std::time::Instant::now() > deadline {
-                            assert_eq!(used, used_with_p - (1 << 20));
-                            break;
-                        }
-                        std::thread::sleep(std::time::Duration::from_millis(1));
-                    }
+                    comes_to_use(&pool, used_with_p - (1 << 20), || a.synchronize().unwrap());
                 }
 
                 fn async_free_is_held_back_while_its_stream_captures() {
