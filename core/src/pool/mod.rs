@@ -65,7 +65,7 @@ pub use stats::{
 };
 pub use sync::ArenaCache;
 #[doc(hidden)]
-pub use sync::{set_arena_lock, ArenaLockKind};
+pub use sync::ARENA_LOCK;
 use sync::{ArenaLock, ArenaRef};
 
 /// The pool's allocation unit: every size is rounded up to a multiple of it (CuPy's
@@ -342,6 +342,51 @@ impl<R: RawAllocator> Pool<R> {
     /// not hold the request; the raw allocator's other errors.
     #[inline]
     pub fn malloc(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
+        match self.try_hit(size, key, cache) {
+            Some(p) => Ok(p),
+            None => self.malloc_slow(size, key, cache),
+        }
+    }
+
+    /// The cache hit alone: a chunk of `size` bytes from arena `key`'s free index, when the arena
+    /// is in `cache`, no hook is installed, and the size is neither zero nor too large to round.
+    /// `None` for everything else, which [`Pool::malloc`] handles. It returns a chunk or nothing
+    /// (no `Result`), so that the hit moves a chunk's few words and never an error's.
+    #[inline(always)]
+    pub fn try_hit(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Option<PooledMemory<R>> {
+        if hooks::active() {
+            return None;
+        }
+        let mem_size = round_size(size).filter(|&n| n > 0)?;
+        self.take_cached(size, mem_size, key, cache)
+    }
+
+    /// A chunk of `mem_size` (`size` rounded, not zero) bytes from arena `key`'s free index, if
+    /// `cache` holds the arena: no map lookup, no reference count.
+    #[inline(always)]
+    fn take_cached(
+        &self,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Option<PooledMemory<R>> {
+        cache
+            .with::<Arena<R>, _>(self.shared.uid, key, |arena| {
+                let mut st = arena.get().state.lock();
+                if st.retired {
+                    return None;
+                }
+                let lent = st.take(mem_size, size)?;
+                drop(st);
+                Some(PooledMemory::lent(arena, lent, mem_size))
+            })
+            .flatten()
+    }
+
+    /// Everything but the cache hit: a size too large to round, zero, hooks, a miss.
+    #[inline(never)]
+    fn malloc_slow(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
         let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if !hooks::active() {
             return self.lend(size, mem_size, key, cache, false);
@@ -385,18 +430,7 @@ impl<R: RawAllocator> Pool<R> {
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
-        // The hot path: the arena from this thread's cache, a chunk from its free index, all
-        // without touching a reference count.
-        let hit = cache.with::<Arena<R>, _>(self.shared.uid, key, |arena| {
-            let mut st = arena.get().state.lock();
-            if st.retired {
-                return None;
-            }
-            let lent = st.take(mem_size, size)?;
-            drop(st);
-            Some(PooledMemory::lent(arena, lent, mem_size))
-        });
-        match hit.flatten() {
+        match self.take_cached(size, mem_size, key, cache) {
             Some(p) => Ok(p),
             None => self.lend_slow(size, mem_size, key, cache, hooked),
         }
