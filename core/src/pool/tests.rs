@@ -730,3 +730,119 @@ fn statistics_and_snapshots_are_serde_values() {
     let stats: PoolStats = serde_json::from_value(serde_json::to_value(pool.stats()).unwrap()).unwrap();
     assert_eq!(stats, pool.stats());
 }
+
+/// The peaks are kept by counting down how far each current value is below its peak, and
+/// compared only when that room runs out: against a model that takes every maximum, over random
+/// allocations, frees, fenced frees (allocated falls at once, active when the fence completes)
+/// and peak resets, each peak is exact after every step.
+#[test]
+fn peaks_match_a_model_that_compares_on_every_step() {
+    struct Flag(Arc<AtomicBool>);
+    impl Fence for Flag {
+        fn is_complete(&self) -> bool {
+            self.0.load(Ordering::Acquire)
+        }
+        fn wait(&self) {
+            self.0.store(true, Ordering::Release);
+        }
+    }
+    #[derive(Default)]
+    struct Model {
+        requested: u64,
+        allocated: u64,
+        active: u64,
+        allocations: u64,
+        active_allocations: u64,
+        peaks: [u64; 5],
+    }
+    impl Model {
+        fn now(&self) -> [u64; 5] {
+            [self.requested, self.allocated, self.active, self.allocations, self.active_allocations]
+        }
+        fn raise(&mut self) {
+            let now = self.now();
+            for (p, c) in self.peaks.iter_mut().zip(now) {
+                *p = (*p).max(c);
+            }
+        }
+    }
+    let steps = if cfg!(miri) { 150 } else { 4000 };
+    let (pool, _mock, cache) = pool();
+    let mut model = Model::default();
+    let mut live: Vec<(PooledMemory<Mock>, u64, u64)> = Vec::new();
+    let mut fenced: Vec<(Arc<AtomicBool>, u64)> = Vec::new();
+    let mut rng = 0x9e37_79b9_7f4a_7c15_u64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for step in 0..steps {
+        match next() % 16 {
+            0..=6 => {
+                let requested = 1 + next() % (8 * UNIT as u64);
+                let p = pool.malloc(requested as usize, ArenaKey::NULL, &cache).unwrap();
+                let size = p.size() as u64;
+                model.requested += requested;
+                model.allocated += size;
+                model.active += size;
+                model.allocations += 1;
+                model.active_allocations += 1;
+                model.raise();
+                live.push((p, requested, size));
+            }
+            7..=11 if !live.is_empty() => {
+                let (p, requested, size) = live.swap_remove((next() % live.len() as u64) as usize);
+                drop(p);
+                model.requested -= requested;
+                model.allocated -= size;
+                model.active -= size;
+                model.allocations -= 1;
+                model.active_allocations -= 1;
+            }
+            12 | 13 if !live.is_empty() => {
+                let (p, requested, size) = live.swap_remove((next() % live.len() as u64) as usize);
+                let done = Arc::new(AtomicBool::new(false));
+                p.free_after(Box::new(Flag(Arc::clone(&done)))).unwrap();
+                model.requested -= requested;
+                model.allocated -= size;
+                model.allocations -= 1;
+                fenced.push((done, size));
+            }
+            14 if !fenced.is_empty() => {
+                // Complete every pending fence and collect them, as a miss does.
+                for (done, _) in &fenced {
+                    done.store(true, Ordering::Release);
+                }
+                pool.collect_fenced(false);
+                for (_, size) in fenced.drain(..) {
+                    model.active -= size;
+                    model.active_allocations -= 1;
+                }
+            }
+            15 => {
+                pool.reset_peak();
+                model.peaks = model.now();
+            }
+            _ => {}
+        }
+        let s = pool.stats().all;
+        let current = [
+            s.requested_bytes.current,
+            s.allocated_bytes.current,
+            s.active_bytes.current,
+            s.allocations.current,
+            s.active_allocations.current,
+        ];
+        let peaks = [
+            s.requested_bytes.peak,
+            s.allocated_bytes.peak,
+            s.active_bytes.peak,
+            s.allocations.peak,
+            s.active_allocations.peak,
+        ];
+        assert_eq!(current, model.now(), "current values after step {step}");
+        assert_eq!(peaks, model.peaks, "peaks after step {step}");
+    }
+}
