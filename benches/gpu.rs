@@ -754,55 +754,37 @@ fn hook_costs(report: &mut Report) {
     report.add("hooks", "hook check with no hook installed", check, "target", Some(2.0), "ns", true);
 }
 
-/// The arena lock: the hand-written spin-then-yield lock the pool uses against
-/// `parking_lot::RawMutex`, each on a pool of its own made after switching, measured in
-/// alternating rounds (a clock that drifts shows in both alike).
+/// The arena lock this binary was built with (`pool::ARENA_LOCK`: the hand-written
+/// spin-then-yield lock, or parking_lot's raw mutex with `--features parking-lot-arena-lock`):
+/// a cache hit on one thread, and eight threads sharing the null stream's arena, in alternating
+/// rounds. Two builds run one after the other compare the locks (`bench/run-gpu.sh` runs both
+/// when it finds the second).
 fn arena_lock(report: &mut Report) {
-    use gpumem::core::pool::{set_arena_lock, ArenaLockKind};
-    eprintln!("arena lock: hand-written against parking_lot::RawMutex");
-    let kinds = [ArenaLockKind::Spin, ArenaLockKind::ParkingLot];
-    let pools = kinds.map(|kind| {
-        set_arena_lock(kind);
-        let pool = Arc::new(SingleDeviceMemoryPool::new(dev()).unwrap());
-        // Both arenas measured below are made now, under this lock: this thread's current
-        // stream's and the null stream's (a thread that enters no stream).
-        drop(pool.malloc_pooled(512).unwrap());
-        let p = Arc::clone(&pool);
-        std::thread::spawn(move || drop(p.malloc_pooled(4096).unwrap())).join().unwrap();
-        pool
-    });
-    set_arena_lock(ArenaLockKind::Spin);
-    let (mut hit, mut shared) = ([vec![], vec![]], [vec![], vec![]]);
+    let lock = gpumem::core::pool::ARENA_LOCK;
+    eprintln!("arena lock: {lock}");
+    let pool = Arc::new(SingleDeviceMemoryPool::new(dev()).unwrap());
+    // Both arenas measured below: this thread's current stream's and the null stream's (a thread
+    // that enters no stream).
+    drop(pool.malloc_pooled(512).unwrap());
+    let p = Arc::clone(&pool);
+    std::thread::spawn(move || drop(p.malloc_pooled(4096).unwrap())).join().unwrap();
+    let (mut hit, mut shared) = (vec![], vec![]);
     for _ in 0..3 {
-        for (i, pool) in pools.iter().enumerate() {
-            hit[i].push(ns_per_iter(9, 200_000, || {
-                drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()))
-            }));
-            let p = Arc::clone(pool);
-            shared[i].push(median_rate(8, 1_000_000, false, move |_, iters| {
-                for _ in 0..iters {
-                    drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
-                }
-            }));
-        }
+        hit.push(ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()))));
+        let p = Arc::clone(&pool);
+        shared.push(median_rate(8, 100_000, false, move |_, iters| {
+            for _ in 0..iters {
+                drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
+            }
+        }));
     }
-    let [spin, parking] = hit.map(|mut v| median(&mut v));
+    report.add("arena lock", format!("cache hit, {lock} lock"), median(&mut hit), "", None, "ns", true);
     report.add(
         "arena lock",
-        "cache hit, parking_lot::RawMutex",
-        parking,
-        "hand-written lock",
-        Some(spin),
-        "ns",
-        true,
-    );
-    let [spin, parking] = shared.map(|mut v| median(&mut v));
-    report.add(
-        "arena lock",
-        "8 threads on the null stream (one arena), parking_lot::RawMutex",
-        parking,
-        "hand-written lock",
-        Some(spin),
+        format!("8 threads on the null stream (one arena), {lock} lock"),
+        median(&mut shared),
+        "",
+        None,
         "M pairs/s",
         false,
     );

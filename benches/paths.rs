@@ -7,7 +7,9 @@
 //! ```
 //!
 //! Instructions per pair: run one path with two counts under cachegrind and divide the difference
-//! of the `I refs` totals by the difference of the counts (`scripts/count-instructions.sh`).
+//! of the `I refs` totals by the difference of the counts (`scripts/count-instructions.sh`). The
+//! arena lock is chosen at build time: `--features parking-lot-arena-lock` builds the same paths
+//! under parking_lot's mutex.
 
 #![allow(missing_docs)]
 
@@ -15,14 +17,14 @@ use std::hint::black_box;
 use std::io::{self, BufWriter};
 use std::time::Instant;
 
-use gpumem::core::pool::{set_arena_lock, ArenaLockKind};
+use gpumem::core::pool::ARENA_LOCK;
 use gpumem::{
     alloc, get_allocator, hooks, DebugPrintHook, DeviceBuffer, MemoryPointer, SingleDeviceMemoryPool, Stream,
 };
 
 type Path = (&'static str, &'static str);
 
-const PATHS: [Path; 8] = [
+const PATHS: [Path; 7] = [
     ("pooled", "pool cache hit (malloc_pooled + drop)"),
     ("pointer", "MemoryPointer cache hit (malloc + drop)"),
     ("arc", "MemoryPointer over an Arc (from_memory(malloc_pooled))"),
@@ -30,12 +32,10 @@ const PATHS: [Path; 8] = [
     ("get_allocator", "get_allocator().malloc + drop"),
     ("buffer", "DeviceBuffer<f32> of 128 from alloc + drop"),
     ("hooked", "pool cache hit, DebugPrintHook on a BufWriter"),
-    ("parking_lot", "pool cache hit, arenas under parking_lot::RawMutex"),
 ];
 
-fn run(path: &str, pool: &SingleDeviceMemoryPool, parking: &SingleDeviceMemoryPool, n: u64) {
+fn run(path: &str, pool: &SingleDeviceMemoryPool, n: u64) {
     match path {
-        "parking_lot" => (0..n).for_each(|_| drop(black_box(parking.malloc_pooled(black_box(512)).unwrap()))),
         "pooled" => (0..n).for_each(|_| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()))),
         "pointer" => (0..n).for_each(|_| drop(black_box(pool.malloc(black_box(512)).unwrap()))),
         "arc" => (0..n).for_each(|_| {
@@ -63,18 +63,12 @@ fn main() {
     let pool = SingleDeviceMemoryPool::new(gpumem::Device::current().id()).unwrap();
     let stream = Stream::non_blocking().unwrap();
     let _g = stream.enter().unwrap();
-    // The same pool with its arena under parking_lot's mutex (the arena is made by the warm-up
-    // below, after switching).
-    set_arena_lock(ArenaLockKind::ParkingLot);
-    let parking = SingleDeviceMemoryPool::new(gpumem::Device::current().id()).unwrap();
-    drop(parking.malloc_pooled(512).unwrap());
-    set_arena_lock(ArenaLockKind::Spin);
     // Warm every arena and cache the paths use (the default pool's too).
     for (p, _) in PATHS {
-        run(p, &pool, &parking, 10);
+        run(p, &pool, 10);
     }
     if let [path, n] = args.as_slice() {
-        run(path, &pool, &parking, n.parse().expect("a count"));
+        run(path, &pool, n.parse().expect("a count"));
         return;
     }
     // ns per pair: the median of 11 rounds, the paths interleaved round by round.
@@ -82,10 +76,11 @@ fn main() {
     for _ in 0..11 {
         for (i, (p, _)) in PATHS.iter().enumerate() {
             let t = Instant::now();
-            run(p, &pool, &parking, 200_000);
+            run(p, &pool, 200_000);
             samples[i].push(t.elapsed().as_nanos() as f64 / 200_000.0);
         }
     }
+    println!("arena lock: {ARENA_LOCK}");
     for ((_, what), s) in PATHS.iter().zip(&mut samples) {
         s.sort_by(f64::total_cmp);
         println!("{:>8.1} ns  {what}", s[s.len() / 2]);

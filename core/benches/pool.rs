@@ -128,29 +128,26 @@ fn threads(c: &mut Criterion) {
     g.finish();
 }
 
-/// The pool's arena lock (hand-written, one compare-and-swap and a release store per pair)
-/// against `parking_lot::RawMutex` (a compare-and-swap each way): a cache hit on one thread, and
-/// four threads sharing the null stream's arena (no stream entered), where waiters spin and
-/// yield or park.
+/// The pool's arena lock, the one this build has (`pool::ARENA_LOCK`: the hand-written lock by
+/// default, one compare-and-swap and a release store per pair; parking_lot's raw mutex with the
+/// `parking-lot-arena-lock` feature, a compare-and-swap each way): a cache hit on one thread, and
+/// four threads sharing the null stream's arena (no stream entered), where waiters spin and yield
+/// or park. Run the bench once with the feature and once without to compare the two.
 fn arena_lock(c: &mut Criterion) {
-    use gpumem_core::pool::{set_arena_lock, ArenaLockKind};
+    let name = gpumem_core::pool::ARENA_LOCK;
     let mut g = c.benchmark_group("arena_lock");
-    for (name, kind) in [("hand-written", ArenaLockKind::Spin), ("parking_lot", ArenaLockKind::ParkingLot)] {
-        set_arena_lock(kind);
-        let pool = Arc::new(SingleDeviceMemoryPool::<Host>::new(0).unwrap());
-        drop(pool.malloc_pooled(512).unwrap());
-        let p = Arc::clone(&pool);
-        std::thread::spawn(move || drop(p.malloc_pooled(4096).unwrap())).join().unwrap();
-        set_arena_lock(ArenaLockKind::Spin);
-        g.throughput(Throughput::Elements(1));
-        g.bench_function(BenchmarkId::new("cache_hit_512B", name), |b| {
-            b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
-        });
-        g.throughput(Throughput::Elements(4));
-        g.bench_function(BenchmarkId::new("4_threads_null_stream_4KiB", name), |b| {
-            b.iter_custom(|iters| run_shared(&pool, 4, iters))
-        });
-    }
+    let pool = Arc::new(SingleDeviceMemoryPool::<Host>::new(0).unwrap());
+    drop(pool.malloc_pooled(512).unwrap());
+    let p = Arc::clone(&pool);
+    std::thread::spawn(move || drop(p.malloc_pooled(4096).unwrap())).join().unwrap();
+    g.throughput(Throughput::Elements(1));
+    g.bench_function(BenchmarkId::new("cache_hit_512B", name), |b| {
+        b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
+    });
+    g.throughput(Throughput::Elements(4));
+    g.bench_function(BenchmarkId::new("4_threads_null_stream_4KiB", name), |b| {
+        b.iter_custom(|iters| run_shared(&pool, 4, iters))
+    });
     g.finish();
 }
 

@@ -4,11 +4,12 @@
 //!   read-modify-writes; this lock takes one to lock and a plain release store to unlock. Arena
 //!   critical sections are a few dozen instructions, so waiting threads spin briefly and then
 //!   yield. Against `parking_lot::RawMutex` on the same cache hit (`benches/paths.rs`, host,
-//!   cachegrind) it executes 11 fewer instructions per allocate + free pair (356 against 367)
-//!   and one atomic read-modify-write fewer; [`set_arena_lock`] lets one benchmark binary
-//!   measure both (the switch costs the pool's hit 2 instructions: a predictable branch on a
-//!   byte beside the lock word). Contended by more threads than cores, parking_lot's sleeping
-//!   waiters do better than these spinning ones (BENCHMARKS.md).
+//!   cachegrind) it executes 11 fewer instructions per allocate + free pair and one atomic
+//!   read-modify-write fewer. Contended by more threads than cores, parking_lot's sleeping
+//!   waiters do better than these spinning ones (BENCHMARKS.md), so the crate feature
+//!   `parking-lot-arena-lock` gives every arena parking_lot's mutex instead, for programs whose
+//!   threads share one stream's arena on an oversubscribed machine. The choice is made at build
+//!   time so that the hit pays for one lock only; [`ARENA_LOCK`] names the one built.
 //! - [`ArenaRef`]: what a lent chunk holds to find its arena again. An `Arc` would cost an atomic
 //!   increment per allocation and a decrement per free; instead the arena counts its lent chunks
 //!   under its lock and is kept alive while that count is not zero (see [`ArenaRef`]'s
@@ -21,39 +22,26 @@ use std::cell::{RefCell, UnsafeCell};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
+#[cfg(not(feature = "parking-lot-arena-lock"))]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
+#[cfg(feature = "parking-lot-arena-lock")]
 use parking_lot::lock_api::RawMutex;
 
 use super::ArenaKey;
 
-/// Which lock new arenas take: the hand-written one below, or `parking_lot`'s raw mutex. Only
-/// benchmarks change it (see [`set_arena_lock`]); pools use [`ArenaLockKind::Spin`].
-#[doc(hidden)]
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum ArenaLockKind {
-    /// One compare-and-swap to lock, a release store to unlock; waiters spin, then yield.
-    Spin,
-    /// `parking_lot::RawMutex`: a compare-and-swap each to lock and unlock; waiters park.
-    ParkingLot,
-}
+/// The arena lock this build uses: `"spin"` (the default) or `"parking_lot"` (the
+/// `parking-lot-arena-lock` feature). Benchmarks print it, so that runs of the two builds can be
+/// told apart.
+pub const ARENA_LOCK: &str = if cfg!(feature = "parking-lot-arena-lock") { "parking_lot" } else { "spin" };
 
-static ARENA_LOCK: AtomicBool = AtomicBool::new(false);
-
-/// Sets the lock of the arenas made from now on (arenas that exist keep theirs), so that one
-/// benchmark binary can measure a cache hit under both locks. Not for use outside benchmarks.
-#[doc(hidden)]
-pub fn set_arena_lock(kind: ArenaLockKind) {
-    ARENA_LOCK.store(kind == ArenaLockKind::ParkingLot, Ordering::Relaxed);
-}
-
-/// A lock around `T`: spin-then-yield, or `parking_lot`'s raw mutex for the benchmark that
-/// compares the two. The kind is fixed when the lock is made, and read beside the lock word on
-/// every lock and unlock (the same cache line; a branch that always goes the same way).
+/// A lock around `T`: spin-then-yield (the default), or `parking_lot`'s raw mutex with the
+/// `parking-lot-arena-lock` feature.
 pub(crate) struct ArenaLock<T> {
+    #[cfg(not(feature = "parking-lot-arena-lock"))]
     locked: AtomicBool,
-    parking: bool,
+    #[cfg(feature = "parking-lot-arena-lock")]
     raw: parking_lot::RawMutex,
     value: UnsafeCell<T>,
 }
@@ -67,13 +55,10 @@ unsafe impl<T: Send> Sync for ArenaLock<T> {}
 
 impl<T> ArenaLock<T> {
     pub(crate) fn new(value: T) -> Self {
-        Self::with_kind(value, ARENA_LOCK.load(Ordering::Relaxed))
-    }
-
-    fn with_kind(value: T, parking: bool) -> Self {
         ArenaLock {
+            #[cfg(not(feature = "parking-lot-arena-lock"))]
             locked: AtomicBool::new(false),
-            parking,
+            #[cfg(feature = "parking-lot-arena-lock")]
             raw: <parking_lot::RawMutex as RawMutex>::INIT,
             value: UnsafeCell::new(value),
         }
@@ -81,18 +66,16 @@ impl<T> ArenaLock<T> {
 
     #[inline]
     pub(crate) fn lock(&self) -> ArenaGuard<'_, T> {
-        if self.parking {
-            self.raw.lock();
-        } else if self
-            .locked
-            .compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed)
-            .is_err()
-        {
+        #[cfg(feature = "parking-lot-arena-lock")]
+        self.raw.lock();
+        #[cfg(not(feature = "parking-lot-arena-lock"))]
+        if self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
             self.lock_contended();
         }
         ArenaGuard { lock: self }
     }
 
+    #[cfg(not(feature = "parking-lot-arena-lock"))]
     #[cold]
     fn lock_contended(&self) {
         let mut spins = 0u32;
@@ -137,13 +120,14 @@ impl<T> DerefMut for ArenaGuard<'_, T> {
 impl<T> Drop for ArenaGuard<'_, T> {
     #[inline]
     fn drop(&mut self) {
-        if self.lock.parking {
-            // SAFETY: a guard is made only by `lock`, which locked `raw` on this thread for a lock
-            // of this kind; this drop is the one unlock of that lock.
-            unsafe { self.lock.raw.unlock() };
-        } else {
-            self.lock.locked.store(false, Ordering::Release);
-        }
+        #[cfg(feature = "parking-lot-arena-lock")]
+        // SAFETY: a guard is made only by `lock`, which locked `raw` on this thread; this drop is
+        // the one unlock of that lock.
+        unsafe {
+            self.lock.raw.unlock()
+        };
+        #[cfg(not(feature = "parking-lot-arena-lock"))]
+        self.lock.locked.store(false, Ordering::Release);
     }
 }
 
@@ -287,43 +271,30 @@ impl fmt::Debug for ArenaCache {
 mod tests {
     use super::*;
 
-    /// Both kinds of lock keep a counter that threads increment under it exact.
+    /// The lock keeps a counter that threads increment under it exact (the default build tests
+    /// the spinning lock, a build with `parking-lot-arena-lock` parking_lot's).
     #[test]
-    fn both_locks_exclude() {
+    fn the_lock_excludes() {
         let (threads, rounds) = if cfg!(miri) { (3, 50) } else { (4, 20_000) };
-        for parking in [false, true] {
-            let lock = Arc::new(ArenaLock::with_kind(0u64, parking));
-            let handles: Vec<_> = (0..threads)
-                .map(|_| {
-                    let lock = Arc::clone(&lock);
-                    std::thread::spawn(move || {
-                        for _ in 0..rounds {
-                            let mut g = lock.lock();
-                            // A read and a write apart: a lock that let two threads in would lose
-                            // increments.
-                            let v = *g;
-                            std::hint::spin_loop();
-                            *g = v + 1;
-                        }
-                    })
+        let lock = Arc::new(ArenaLock::new(0u64));
+        let handles: Vec<_> = (0..threads)
+            .map(|_| {
+                let lock = Arc::clone(&lock);
+                std::thread::spawn(move || {
+                    for _ in 0..rounds {
+                        let mut g = lock.lock();
+                        // A read and a write apart: a lock that let two threads in would lose
+                        // increments.
+                        let v = *g;
+                        std::hint::spin_loop();
+                        *g = v + 1;
+                    }
                 })
-                .collect();
-            for h in handles {
-                h.join().unwrap();
-            }
-            assert_eq!(*lock.lock(), threads * rounds, "parking: {parking}");
+            })
+            .collect();
+        for h in handles {
+            h.join().unwrap();
         }
-    }
-
-    #[test]
-    fn the_switch_picks_the_lock_of_new_arenas() {
-        // Only this test changes the switch; other tests' arenas made meanwhile may get either
-        // lock, which both behave alike.
-        set_arena_lock(ArenaLockKind::ParkingLot);
-        let parking = ArenaLock::new(());
-        set_arena_lock(ArenaLockKind::Spin);
-        let spin = ArenaLock::new(());
-        assert!(parking.parking && !spin.parking);
-        drop((parking.lock(), spin.lock()));
+        assert_eq!(*lock.lock(), threads * rounds, "{ARENA_LOCK}");
     }
 }
