@@ -24,6 +24,12 @@
 //!   runtime's direct copy. If a transfer fails and the device cannot even be waited for, the
 //!   buffers and the device memory are kept for good (a queued transfer may still reach them).
 //!
+//! How many lanes: every core up to four, beyond that half the cores, at most eight (so 8 on a
+//! 16-core machine). Each lane copies at about what one thread's `memcpy` reaches; the cost is
+//! up to `2 * lanes` chunks of pinned memory (32 MiB at eight lanes) that the pinned pool keeps
+//! after the first staged copy, and `lanes - 1` threads for the duration of each copy.
+//! [`PageableStaging::with_lanes`] sets another number.
+//!
 //! Which copies are staged: the thread's [`PageableStaging::enter`] scope, else the process's
 //! [`set_pageable_staging`], else [`PAGEABLE_STAGING_ENV`], else the backend's default:
 //! [`DEFAULT_STAGING_THRESHOLD`] bytes and up where the backend says staging can win
@@ -67,9 +73,10 @@ pub const DEFAULT_STAGING_CHUNK: usize = 2 << 20;
 /// The smallest chunk gpumem picks by itself (a chunk set explicitly may be smaller).
 const MIN_AUTO_CHUNK: usize = 64 << 10;
 
-/// The most lanes by default: enough threads copying to outrun one link's transfers, few
-/// enough to leave the machine's other cores alone.
-const MAX_DEFAULT_LANES: usize = 4;
+/// The most lanes by default: each lane's memory copy runs at about a sixth of what a PCIe 5 or
+/// NVLink-C2C link carries (6-7 GB/s per thread on the H200 machine, BENCHMARKS.md), so eight
+/// lanes are what outrun the driver's own pageable device-to-host copy twice over.
+const MAX_DEFAULT_LANES: usize = 8;
 
 /// Staging buffers per lane: one is filled (or drained) while the other is transferred.
 const DEPTH: usize = 2;
@@ -328,7 +335,10 @@ static PROCESS: RwLock<Option<PageableStaging>> = RwLock::new(None);
 fn default_lanes() -> usize {
     static LANES: OnceLock<usize> = OnceLock::new();
     *LANES.get_or_init(|| {
-        std::thread::available_parallelism().map_or(1, NonZeroUsize::get).min(MAX_DEFAULT_LANES)
+        let cores = std::thread::available_parallelism().map_or(1, NonZeroUsize::get);
+        // Every core up to four; beyond, half of them (leaving the others to the program), up
+        // to the most.
+        cores.min(4).max((cores / 2).min(MAX_DEFAULT_LANES))
     })
 }
 
