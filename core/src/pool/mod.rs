@@ -344,7 +344,7 @@ impl<R: RawAllocator> Pool<R> {
     pub fn malloc(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
         match self.try_hit(size, key, cache) {
             Some(p) => Ok(p),
-            None => self.malloc_slow(size, key, cache),
+            None => self.malloc_after_try(size, key, cache),
         }
     }
 
@@ -384,9 +384,15 @@ impl<R: RawAllocator> Pool<R> {
             .flatten()
     }
 
-    /// Everything but the cache hit: a size too large to round, zero, hooks, a miss.
+    /// [`Pool::malloc`] for a caller whose [`Pool::try_hit`] just returned `None`: everything
+    /// but the cache hit (a size too large to round, zero, hooks, a miss), without trying the
+    /// hit again.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::malloc`].
     #[inline(never)]
-    fn malloc_slow(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
+    pub fn malloc_after_try(&self, size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<PooledMemory<R>> {
         let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if !hooks::active() {
             return self.lend(size, mem_size, key, cache, false);

@@ -240,7 +240,7 @@ where
     /// Everything but the cache hit (see [`Pool::malloc`]).
     #[inline(never)]
     fn malloc_pooled_slow(&self, size: usize) -> Result<PooledMemory<A>> {
-        let result = B::thread_state().try_with(|ts| self.pool.malloc(size, ts.arena_key(), &ts.arenas));
+        let result = B::thread_state().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
         match result {
             Ok(result) => result,
             Err(_) => self.malloc_at_thread_exit(size),
