@@ -566,9 +566,12 @@ impl<R: RawAllocator> Pool<R> {
         }
         let Some(tail) = st.growable_tail(mem_size) else { return Ok(None) };
         let granule = self.shared.allocator.granule().max(1);
-        let Some(extra) = mem_size.saturating_sub(tail).checked_next_multiple_of(granule) else {
+        let Some(mut extra) = mem_size.saturating_sub(tail).checked_next_multiple_of(granule) else {
             return Ok(None);
         };
+        if extra > 0 && self.growth_policy() == GrowthPolicy::Segments {
+            extra = policy::growth(mem_size, extra, granule);
+        }
         if extra == 0 {
             // The tail fits after all (a fence completed, or another request's chunk came back).
             if let Some(lent) = st.take(mem_size, size) {
@@ -584,7 +587,7 @@ impl<R: RawAllocator> Pool<R> {
         if fits.is_err() {
             return Ok(None);
         }
-        let grown = match st.grow_tail(extra, |block| self.shared.allocator.grow(block, extra)) {
+        let grown = match st.grow_tail(mem_size, extra, |block| self.shared.allocator.grow(block, extra)) {
             Ok(grown) => grown,
             Err(e) if e.is_out_of_memory() => false,
             Err(e) => {
@@ -790,9 +793,8 @@ impl<R: RawAllocator> Pool<R> {
                     let (allocator, granule) =
                         (&self.shared.allocator, self.shared.allocator.granule().max(1));
                     // A failed unmap keeps the tail: it stays cached and lendable.
-                    cut = st.shrink_tails(granule, |block, bytes| {
-                        allocator.shrink(block, bytes).unwrap_or(false)
-                    });
+                    cut =
+                        st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
                 }
                 bytes = st.release_free_blocks(&mut released) + cut;
                 empty = st.is_empty();
