@@ -110,6 +110,17 @@ pub enum GrowthPolicy {
     /// held memory grows by at most what the request lacks, and a training loop's transient
     /// blocks become a few large ones in its first step, cut up again by the later steps without
     /// a raw call. The cache hit costs the same as under the other policies.
+    ///
+    /// With expandable segments, small and large requests each grow their own block, and a large
+    /// request grows its block by at least 20 MiB: a loop's first step then maps memory a few
+    /// times instead of once per new tensor (three driver calls a growth), and a step grows past
+    /// its need by less than one such growth per arena.
+    ///
+    /// What it does not remove (measured on recorded GPT-2 and BERT steps): a long-lived tensor
+    /// made while a large block is free (an optimizer's state, made after the first backward
+    /// pass) is cut from that block and pins it, so the next step's large tensors need new
+    /// memory; and the arenas of different streams never share memory, so a pool used from
+    /// several streams holds at least the sum of each stream's own peak.
     Segments,
 }
 
