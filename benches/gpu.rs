@@ -952,10 +952,10 @@ impl<A: RawAllocator> RawAllocator for Counting<A> {
         }
         Ok(grown)
     }
-    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> gpumem::Result<bool> {
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> gpumem::Result<usize> {
         let shrunk = self.inner.shrink(&mut block.block, bytes)?;
-        if shrunk {
-            self.held.fetch_sub(bytes, Ordering::Relaxed);
+        if shrunk > 0 {
+            self.held.fetch_sub(shrunk, Ordering::Relaxed);
             self.frees.fetch_add(1, Ordering::Relaxed);
         }
         Ok(shrunk)

@@ -38,6 +38,13 @@ pub(crate) fn vmm_physical_bytes(dev: crate::hal::DeviceId) -> usize {
     vmm::physical_bytes(dev)
 }
 
+/// The simulated virtual-memory calls made on this thread: `[create, map, set access, unmap]`
+/// (for the pool's tests).
+#[cfg(test)]
+pub(crate) fn vmm_calls_on_this_thread() -> [usize; 4] {
+    vmm::calls_on_this_thread()
+}
+
 use std::sync::Arc;
 
 use crate::error::Result;

@@ -159,6 +159,7 @@ impl VirtualMemoryOps for Host {
 
     fn vm_create(dev: DeviceId, size: usize) -> Result<PhysicalHandle> {
         const API: &str = "cuMemCreate";
+        count_call(0);
         check_device(API, dev)?;
         check_granules(API, size)?;
         let capacity = capacity_checked()?;
@@ -190,6 +191,7 @@ impl VirtualMemoryOps for Host {
 
     unsafe fn vm_map(dev: DeviceId, ptr: DevicePtr, size: usize, handle: PhysicalHandle) -> Result<()> {
         const API: &str = "cuMemMap";
+        count_call(1);
         let mut vm = vm();
         match vm.physical.get(&handle) {
             Some(p) if !p.released && !p.mapped && p.size == size && p.dev == dev => {}
@@ -213,6 +215,7 @@ impl VirtualMemoryOps for Host {
 
     unsafe fn vm_set_access(dev: DeviceId, ptr: DevicePtr, size: usize, devices: &[DeviceId]) -> Result<()> {
         const API: &str = "cuMemSetAccess";
+        count_call(2);
         for &d in devices {
             check_device(API, d)?;
         }
@@ -229,6 +232,7 @@ impl VirtualMemoryOps for Host {
 
     unsafe fn vm_unmap(dev: DeviceId, ptr: DevicePtr, size: usize) -> Result<()> {
         const API: &str = "cuMemUnmap";
+        count_call(3);
         let mut vm = vm();
         let (_, offset, range) = range_of(&mut vm, API, ptr, size)?;
         if range.dev != dev {
@@ -249,6 +253,31 @@ impl VirtualMemoryOps for Host {
         }
         Ok(())
     }
+}
+
+/// The driver calls that make and unmap memory on this thread, for the pool's tests (which count
+/// what a growth costs): `[create, map, set access, unmap]`. Per thread, so that tests running
+/// at once do not see each other's calls.
+#[cfg(test)]
+pub(crate) fn calls_on_this_thread() -> [usize; 4] {
+    CALLS.with(std::cell::Cell::get)
+}
+
+#[cfg(test)]
+thread_local! {
+    static CALLS: std::cell::Cell<[usize; 4]> = const { std::cell::Cell::new([0; 4]) };
+}
+
+#[inline]
+fn count_call(which: usize) {
+    #[cfg(test)]
+    CALLS.with(|c| {
+        let mut n = c.get();
+        n[which] += 1;
+        c.set(n);
+    });
+    #[cfg(not(test))]
+    let _ = which;
 }
 
 /// Physical bytes created on device `dev` and not yet gone (for tests).

@@ -62,8 +62,10 @@ pub(crate) struct ArenaState<K> {
     pub(crate) bounded_split: bool,
     /// Small and large requests are served from separate blocks (`GrowthPolicy::Segments`).
     pub(crate) segmented: bool,
-    /// The block that grows on a miss, with an expandable raw allocator: the newest one.
-    growable: Option<u32>,
+    /// The block that grows on a miss, with an expandable raw allocator: the newest one of each
+    /// free index (with `segmented`, small and large requests each grow their own block, so
+    /// that a small miss between two large ones does not start a new large block).
+    growable: [Option<u32>; 2],
     /// Bytes lent out. (Free bytes and free chunks are not counted on the hot path: the pool's
     /// free bytes are its total less its used bytes, and `n_free` counts when asked.)
     pub(crate) used_bytes: usize,
@@ -258,7 +260,7 @@ impl<K: RawBlock> ArenaState<K> {
             orphaned: false,
             bounded_split: false,
             segmented: false,
-            growable: None,
+            growable: [None; 2],
             used_bytes: 0,
             n_lent: 0,
             counters: Counters::default(),
@@ -399,7 +401,7 @@ impl<K: RawBlock> ArenaState<K> {
         if whole > size {
             self.split(slot, size, whole);
         }
-        self.growable = Some(block);
+        self.growable[usize::from(class)] = Some(block);
         self.used_bytes += size;
         self.n_lent += 1;
         self.counters.on_reserve(whole, true);
@@ -494,8 +496,10 @@ impl<K: RawBlock> ArenaState<K> {
         self.counters.on_unreserve(chunk.size, true);
         self.vacate(slot);
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
-        if self.growable == Some(chunk.block) {
-            self.growable = None;
+        for g in &mut self.growable {
+            if *g == Some(chunk.block) {
+                *g = None;
+            }
         }
         self.vacant_blocks.push(chunk.block);
         (mem, chunk.size)
@@ -553,25 +557,27 @@ impl<K: RawBlock> ArenaState<K> {
         })
     }
 
-    /// The free bytes at the end of the growable block, if it can serve a request of `size`
-    /// bytes (its free index is the request's); `None` when there is no such block.
+    /// The free bytes at the end of the growable block of a request of `size` bytes (the newest
+    /// block of its free index); `None` when there is no such block.
     pub(crate) fn growable_tail(&self, size: usize) -> Option<usize> {
-        let last = self.last_chunk(self.growable?)?;
+        let class = policy::class(size, self.segmented);
+        let last = self.last_chunk(self.growable[class]?)?;
         let c = &self.chunks[last as usize];
-        if usize::from(c.class) != policy::class(size, self.segmented) {
+        if usize::from(c.class) != class {
             return None;
         }
         Some(if c.state == State::Free { c.size } else { 0 })
     }
 
-    /// Grows the growable block by `extra` bytes through `grow` (the raw allocator's), and adds
-    /// them to its free tail. Returns whether it grew.
+    /// Grows the growable block of a request of `size` bytes by `extra` bytes through `grow`
+    /// (the raw allocator's), and adds them to its free tail. Returns whether it grew.
     pub(crate) fn grow_tail(
         &mut self,
+        size: usize,
         extra: usize,
         grow: impl FnOnce(&mut K) -> crate::error::Result<bool>,
     ) -> crate::error::Result<bool> {
-        let Some(block) = self.growable else { return Ok(false) };
+        let Some(block) = self.growable[policy::class(size, self.segmented)] else { return Ok(false) };
         let Some(last) = self.last_chunk(block) else { return Ok(false) };
         let Some(mem) = self.blocks[block as usize].as_mut() else { return Ok(false) };
         if !grow(mem)? {
@@ -603,12 +609,13 @@ impl<K: RawBlock> ArenaState<K> {
     }
 
     /// Gives back the whole granules of every block's free tail through `shrink` (the raw
-    /// allocator's); a block that is all free is left to `release_free_blocks`. Returns the
-    /// bytes given back.
+    /// allocator's, which returns the bytes it gave back: whole granules, at most those asked
+    /// for); a block that is all free is left to `release_free_blocks`. Returns the bytes given
+    /// back.
     pub(crate) fn shrink_tails(
         &mut self,
         granule: usize,
-        mut shrink: impl FnMut(&mut K, usize) -> bool,
+        mut shrink: impl FnMut(&mut K, usize) -> usize,
     ) -> usize {
         let mut bytes = 0;
         for slot in 0..self.chunks.len() as u32 {
@@ -620,10 +627,16 @@ impl<K: RawBlock> ArenaState<K> {
             let base = mem.address();
             let end = c.ptr + c.size;
             let keep = (c.ptr - base).next_multiple_of(granule);
-            let cut = (end - base).saturating_sub(keep);
-            if cut == 0 || !shrink(mem, cut) {
+            let asked = (end - base).saturating_sub(keep);
+            if asked == 0 {
                 continue;
             }
+            // An allocator may give back less than asked, never more; whole granules.
+            let cut = shrink(mem, asked).min(asked);
+            if cut == 0 {
+                continue;
+            }
+            debug_assert!(cut.is_multiple_of(granule));
             self.counters.on_unreserve(cut, false);
             self.unmark_free(slot);
             if cut == c.size {

@@ -4,8 +4,13 @@
 //! Each block is one reserved address range with granules of physical memory mapped at its start.
 //! A pool with expandable segments on meets a miss by mapping more granules at the end of the
 //! arena's newest block, so its free tail and the new granules make one contiguous chunk, instead
-//! of a new block beside it; `free_all_blocks` unmaps the free tails again. Every granule is its
-//! own physical allocation, so any number of granules can be unmapped from the end.
+//! of a new block beside it; `free_all_blocks` unmaps the free tails again.
+//!
+//! Each growth is one physical allocation of the whole growth, mapped with one call: a growth costs
+//! three driver calls (`cuMemCreate`, `cuMemMap`, `cuMemSetAccess`) whatever its size. A mapping
+//! is unmapped whole (the driver's rule), so a free tail gives back the growths that lie entirely
+//! in it, newest first; one allocation per granule would give back any number of granules, at two
+//! calls per granule on every growth (a 786 MiB growth: 786 calls, against 3).
 
 use std::sync::Arc;
 
@@ -55,79 +60,81 @@ impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
         *self.peers.lock() = peers.to_vec();
     }
 
-    /// Maps `bytes` (whole granules) at `block`'s end, one physical allocation per granule, and
-    /// makes them accessible; undoes what it did on an error.
+    /// Maps `bytes` (whole granules) at `block`'s end as one physical allocation, and makes them
+    /// accessible: three driver calls (create, map, set access) whatever the size, where one
+    /// allocation per granule would cost two calls per granule. Undoes what it did on an error.
     fn map_more(&self, block: &mut Segment<B>, bytes: usize) -> Result<()> {
         let start = block.base + block.mapped;
-        let mut made: Vec<PhysicalHandle> = Vec::new();
-        let result = (|| {
-            for i in 0..bytes / self.granule {
-                let handle = B::vm_create(block.device, self.granule)?;
-                let at = start + i * self.granule;
-                // SAFETY: `at` lies in the block's reserved range (the caller checked
-                // `mapped + bytes <= reserved`), past everything mapped so far.
-                let mapped = unsafe { B::vm_map(block.device, at, self.granule, handle) };
-                if let Err(e) = mapped {
-                    // SAFETY: the handle was just made and is not mapped.
-                    let _ = unsafe { B::vm_release(block.device, handle) };
-                    return Err(e);
-                }
-                made.push(handle);
-            }
-            let mut devices = vec![block.device];
-            devices.extend(self.peers.lock().iter().copied().filter(|&d| d != block.device));
-            // SAFETY: `start..start + bytes` was mapped just above, in whole mappings.
-            unsafe { B::vm_set_access(block.device, start, bytes, &devices) }
-        })();
-        match result {
-            Ok(()) => {
-                block.handles.extend(made);
-                block.mapped += bytes;
-                Ok(())
-            }
-            Err(e) => {
-                for (i, handle) in made.into_iter().enumerate() {
-                    // SAFETY: mapped above at this address, unused (never handed out).
-                    unsafe {
-                        let _ = B::vm_unmap(block.device, start + i * self.granule, self.granule);
-                        let _ = B::vm_release(block.device, handle);
-                    }
-                }
-                Err(e)
-            }
+        let handle = B::vm_create(block.device, bytes)?;
+        // SAFETY: `start..start + bytes` lies in the block's reserved range (the caller checked
+        // `mapped + bytes <= reserved`), past everything mapped so far; `handle` was just made
+        // with exactly `bytes` bytes and is mapped nowhere.
+        if let Err(e) = unsafe { B::vm_map(block.device, start, bytes, handle) } {
+            // SAFETY: the handle was just made and is not mapped; released once, here.
+            let _ = unsafe { B::vm_release(block.device, handle) };
+            return Err(e);
         }
+        let mut devices = vec![block.device];
+        devices.extend(self.peers.lock().iter().copied().filter(|&d| d != block.device));
+        // SAFETY: `start..start + bytes` is the one mapping made just above.
+        if let Err(e) = unsafe { B::vm_set_access(block.device, start, bytes, &devices) } {
+            // SAFETY: mapped above at `start`, never handed out; released once, here.
+            unsafe {
+                let _ = B::vm_unmap(block.device, start, bytes);
+                let _ = B::vm_release(block.device, handle);
+            }
+            return Err(e);
+        }
+        block.maps.push((bytes, handle));
+        block.mapped += bytes;
+        Ok(())
     }
 }
 
-/// A block of an [`ExpandableAllocator`]: a reserved range and the granules mapped at its start;
-/// unmapped, released and freed when dropped.
+/// A block of an [`ExpandableAllocator`]: a reserved range and the mappings at its start, one per
+/// growth; unmapped, released and freed when dropped.
 #[derive(Debug)]
 pub struct Segment<B: VirtualMemoryOps> {
     device: DeviceId,
     base: DevicePtr,
     reserved: usize,
     mapped: usize,
-    granule: usize,
-    /// One physical allocation per mapped granule, in address order.
-    handles: Vec<PhysicalHandle>,
+    /// The mappings, in address order: each one physical allocation of that many bytes (whole
+    /// granules), mapped right after the one before.
+    maps: Vec<(usize, PhysicalHandle)>,
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
 impl<B: VirtualMemoryOps> Segment<B> {
-    /// Unmaps and releases the last `n` granules.
-    fn unmap_last(&mut self, n: usize) -> Result<()> {
-        for _ in 0..n {
-            let Some(&handle) = self.handles.last() else { break };
-            let at = self.base + self.mapped - self.granule;
-            // SAFETY: the last mapped granule, at `at`; the pool lends none of it (it asked for
-            // the shrink, or the block is being dropped) and no work uses it.
-            unsafe { B::vm_unmap(self.device, at, self.granule)? };
-            self.handles.pop();
-            self.mapped -= self.granule;
-            // SAFETY: unmapped just above; released once (popped from the list).
-            unsafe { B::vm_release(self.device, handle)? };
+    /// Unmaps and releases the last mappings, as many whole ones as fit in `bytes`; returns the
+    /// bytes given back. A failure after some mappings went is reported as what went (the block
+    /// is that much shorter); a failure before any went is the error.
+    fn unmap_last(&mut self, bytes: usize) -> Result<usize> {
+        let mut done = 0;
+        while let Some(&(len, handle)) = self.maps.last() {
+            if done + len > bytes {
+                break;
+            }
+            let at = self.base + self.mapped - len;
+            // SAFETY: the last mapping, `len` bytes at `at`, unmapped whole; the pool lends none
+            // of it (it asked for the shrink, or the block is being dropped) and no work uses it.
+            if let Err(e) = unsafe { B::vm_unmap(self.device, at, len) } {
+                return if done == 0 { Err(e) } else { Ok(done) };
+            }
+            self.maps.pop();
+            self.mapped -= len;
+            done += len;
+            // SAFETY: unmapped just above; released once (popped from the list). A failed
+            // release loses the physical allocation, not the block's accounting: it is unmapped.
+            let _ = unsafe { B::vm_release(self.device, handle) };
         }
-        Ok(())
+        Ok(done)
+    }
+
+    /// The number of physical allocations mapped in the block (one per growth).
+    #[must_use]
+    pub fn mappings(&self) -> usize {
+        self.maps.len()
     }
 }
 
@@ -147,8 +154,8 @@ impl<B: VirtualMemoryOps> Drop for Segment<B> {
     fn drop(&mut self) {
         // A failure here cannot be returned, and the memory is lost to this process either way;
         // no panic in drop.
-        let _ = self.unmap_last(self.handles.len());
-        if self.handles.is_empty() {
+        let _ = self.unmap_last(usize::MAX);
+        if self.maps.is_empty() {
             // SAFETY: the range was reserved by `vm_reserve` with this size and nothing is mapped
             // in it any more; freed once, here.
             let _ = unsafe { B::vm_free_range(self.device, self.base, self.reserved) };
@@ -168,8 +175,7 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
             base,
             reserved,
             mapped: 0,
-            granule: self.granule,
-            handles: Vec::new(),
+            maps: Vec::new(),
             _backend: std::marker::PhantomData,
         };
         // On an error the empty block is dropped, which frees the range.
@@ -193,11 +199,10 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
         Ok(true)
     }
 
-    fn shrink(&self, block: &mut Segment<B>, bytes: usize) -> Result<bool> {
+    fn shrink(&self, block: &mut Segment<B>, bytes: usize) -> Result<usize> {
         if !bytes.is_multiple_of(self.granule) || bytes >= block.mapped {
-            return Ok(false);
+            return Ok(0);
         }
-        block.unmap_last(bytes / self.granule)?;
-        Ok(true)
+        block.unmap_last(bytes)
     }
 }

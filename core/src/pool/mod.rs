@@ -110,6 +110,17 @@ pub enum GrowthPolicy {
     /// held memory grows by at most what the request lacks, and a training loop's transient
     /// blocks become a few large ones in its first step, cut up again by the later steps without
     /// a raw call. The cache hit costs the same as under the other policies.
+    ///
+    /// With expandable segments, small and large requests each grow their own block, and a large
+    /// request grows its block by at least 20 MiB: a loop's first step then maps memory a few
+    /// times instead of once per new tensor (three driver calls a growth), and a step grows past
+    /// its need by less than one such growth per arena.
+    ///
+    /// What it does not remove (measured on recorded GPT-2 and BERT steps): a long-lived tensor
+    /// made while a large block is free (an optimizer's state, made after the first backward
+    /// pass) is cut from that block and pins it, so the next step's large tensors need new
+    /// memory; and the arenas of different streams never share memory, so a pool used from
+    /// several streams holds at least the sum of each stream's own peak.
     Segments,
 }
 
@@ -606,9 +617,12 @@ impl<R: RawAllocator> Pool<R> {
         }
         let Some(tail) = st.growable_tail(mem_size) else { return Ok(None) };
         let granule = self.shared.allocator.granule().max(1);
-        let Some(extra) = mem_size.saturating_sub(tail).checked_next_multiple_of(granule) else {
+        let Some(mut extra) = mem_size.saturating_sub(tail).checked_next_multiple_of(granule) else {
             return Ok(None);
         };
+        if extra > 0 && self.growth_policy() == GrowthPolicy::Segments {
+            extra = policy::growth(mem_size, extra, granule);
+        }
         if extra == 0 {
             // The tail fits after all (a fence completed, or another request's chunk came back).
             if let Some(lent) = st.take(mem_size, size) {
@@ -624,7 +638,7 @@ impl<R: RawAllocator> Pool<R> {
         if fits.is_err() {
             return Ok(None);
         }
-        let grown = match st.grow_tail(extra, |block| self.shared.allocator.grow(block, extra)) {
+        let grown = match st.grow_tail(mem_size, extra, |block| self.shared.allocator.grow(block, extra)) {
             Ok(grown) => grown,
             Err(e) if e.is_out_of_memory() => false,
             Err(e) => {
@@ -830,9 +844,8 @@ impl<R: RawAllocator> Pool<R> {
                     let (allocator, granule) =
                         (&self.shared.allocator, self.shared.allocator.granule().max(1));
                     // A failed unmap keeps the tail: it stays cached and lendable.
-                    cut = st.shrink_tails(granule, |block, bytes| {
-                        allocator.shrink(block, bytes).unwrap_or(false)
-                    });
+                    cut =
+                        st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
                 }
                 bytes = st.release_free_blocks(&mut released) + cut;
                 empty = st.is_empty();

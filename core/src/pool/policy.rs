@@ -50,6 +50,18 @@ pub(crate) fn block_size(size: usize, fused: usize) -> Option<usize> {
     Some(own.max(fused.checked_next_multiple_of(LARGE_ROUND)?))
 }
 
+/// With expandable segments, how far a miss of `size` bytes grows its block, when its free tail
+/// lacks `lacking` bytes (whole granules): a large request's block grows by at least
+/// [`MID_BLOCK`] bytes (PyTorch's expandable segments map large memory in pieces of that size), so that a loop's first step, whose every new tensor misses, grows it a
+/// few times rather than once per tensor; a small request's by what it lacks. Each growth is
+/// three driver calls; what a step grows beyond its need is at most one such step per arena.
+pub(crate) fn growth(size: usize, lacking: usize, granule: usize) -> usize {
+    if size <= SMALL_REQUEST {
+        return lacking;
+    }
+    lacking.max(MID_BLOCK.next_multiple_of(granule.max(1)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -70,6 +82,15 @@ mod tests {
         assert_eq!(block_size(30 << 20, (20 << 20) + UNIT), Some(30 << 20));
         assert_eq!(block_size(30 << 20, 41 << 20), Some(42 << 20));
         assert_eq!(block_size(UNIT, 8 << 20), Some(SMALL_BLOCK), "small blocks do not fuse");
+    }
+
+    #[test]
+    fn large_requests_grow_their_block_by_at_least_a_mid_block() {
+        const G: usize = 2 << 20;
+        assert_eq!(growth(SMALL_REQUEST, G, G), G, "small blocks grow by what they lack");
+        assert_eq!(growth(SMALL_REQUEST + UNIT, G, G), MID_BLOCK);
+        assert_eq!(growth(100 << 20, 64 << 20, G), 64 << 20, "never less than what is lacking");
+        assert_eq!(growth(100 << 20, G, 3 << 20), 21 << 20, "whole granules");
     }
 
     #[test]

@@ -60,15 +60,17 @@ pub trait RawAllocator: Send + Sync + 'static {
         Ok(false)
     }
 
-    /// Gives back the last `bytes` (a multiple of [`Self::granule`], less than the block's
-    /// size) of `block`, which the pool no longer lends. `Ok(false)` when it cannot.
+    /// Gives back at most the last `bytes` (a multiple of [`Self::granule`], less than the
+    /// block's size) of `block`, which the pool no longer lends, and returns how many it gave back:
+    /// whole granules, possibly fewer than asked (an allocator that maps growths whole gives back
+    /// only whole growths), 0 when it cannot.
     ///
     /// # Errors
     ///
-    /// The allocator's error; the block keeps its size.
-    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<bool> {
+    /// The allocator's error; the block keeps the size it had before the failed step.
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
         let _ = (block, bytes);
-        Ok(false)
+        Ok(0)
     }
 }
 
@@ -98,7 +100,7 @@ impl<R: RawAllocator> RawAllocator for std::sync::Arc<R> {
     fn grow(&self, block: &mut Self::Block, extra: usize) -> Result<bool> {
         (**self).grow(block, extra)
     }
-    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<bool> {
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
         (**self).shrink(block, bytes)
     }
 }

@@ -441,6 +441,101 @@ fn expandable_segments_grow_the_newest_block_in_place_and_unmap_free_tails() {
 }
 
 #[test]
+fn a_growth_costs_three_driver_calls_whatever_its_size_and_a_tail_gives_back_whole_growths() {
+    use crate::host::{vmm_calls_on_this_thread as calls, Host};
+    const MIB: usize = 1 << 20;
+    let since = |before: [usize; 4]| {
+        let now = calls();
+        [now[0] - before[0], now[1] - before[1], now[2] - before[2], now[3] - before[3]]
+    };
+    let allocator = expandable::ExpandableAllocator::<Host>::new(0, 1 << 30).unwrap();
+    let pool = Pool::new(0, allocator);
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let start = calls();
+    // A large request's first block: the mid-sized class's 20 MiB, one mapping.
+    let a = pool.malloc(2 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(since(start), [1, 1, 1, 0], "create, map, set access");
+    assert_eq!(pool.total_bytes(), 20 * MIB);
+    // 19 MiB lack 1 MiB of the free tail: the block grows by 20 MiB, one mapping again.
+    let before = calls();
+    let b = pool.malloc(19 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(b.ptr(), a.ptr() + 2 * MIB, "grown in place");
+    assert_eq!(since(before), [1, 1, 1, 0]);
+    assert_eq!(pool.total_bytes(), 40 * MIB);
+    // 300 MiB more (150 granules) in one growth: still three calls, not two per granule.
+    let before = calls();
+    let c = pool.malloc(319 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(c.ptr(), b.ptr() + 19 * MIB);
+    assert_eq!(since(before), [1, 1, 1, 0]);
+    assert_eq!(pool.total_bytes(), 340 * MIB);
+    // The free tail after `b` (21..340 MiB) covers the last growth only: it goes, in one unmap;
+    // the growth of 20..40 MiB is partly lent and stays.
+    drop(c);
+    let before = calls();
+    pool.free_all_blocks(None);
+    assert_eq!(since(before), [0, 0, 0, 1]);
+    assert_eq!(pool.total_bytes(), 40 * MIB, "whole growths only");
+    drop(b);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 20 * MIB, "the tail now covers the second growth");
+    drop(a);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(since(start), [3, 3, 3, 3], "every mapping made was unmapped once");
+    assert_eq!(crate::host::vmm_physical_bytes(0), 0, "every physical allocation was released");
+}
+
+#[test]
+fn a_small_miss_between_large_ones_does_not_start_a_new_large_block() {
+    const MIB: usize = 1 << 20;
+    let allocator = trace::CountingAllocator::expandable(2 * MIB);
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let first = pool.malloc(12 * MIB, ArenaKey::NULL, &cache).unwrap();
+    let small = pool.malloc(4096, ArenaKey::NULL, &cache).unwrap();
+    let second = pool.malloc(12 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(second.ptr(), first.ptr() + 12 * MIB, "the large block grew in place");
+    let small_again = pool.malloc(4096, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(small_again.ptr(), small.ptr() + 4096, "small requests keep their own block");
+    // The large block, the small block, one growth of the large one.
+    assert_eq!(raw_calls(allocator.counts()), (3, 0));
+    assert_eq!(pool.total_bytes(), (12 + 20 + 2) * MIB);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+fn segments_with_expandable_segments_make_no_raw_call_after_the_first_of_ten_repeated_steps() {
+    let step = one_training_step();
+    let allocator = trace::CountingAllocator::expandable(2 << 20);
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let mut live = HashMap::new();
+    let mut after = Vec::new();
+    for _ in 0..10 {
+        replay_into(&pool, &cache, &step, &mut live, |p, live| {
+            let (start, end) = (p.ptr(), p.ptr() + p.size());
+            for other in live.values() {
+                assert!(end <= other.ptr() || other.ptr() + other.size() <= start, "overlapping chunks");
+            }
+        });
+        assert!(live.is_empty(), "a step frees what it allocates");
+        after.push(raw_calls(allocator.counts()));
+    }
+    assert!(after[0].0 > 0);
+    assert!(after.iter().all(|c| *c == after[0]), "raw calls after each step: {after:?}");
+    assert_eq!(pool.used_bytes(), 0);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
+}
+
+#[test]
 fn expandable_segments_need_an_allocator_that_grows() {
     let (pool, _mock, _cache) = pool();
     let err = pool.set_expandable_segments(true).unwrap_err();

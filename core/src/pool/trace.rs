@@ -380,14 +380,14 @@ impl RawAllocator for CountingAllocator {
         Ok(true)
     }
 
-    fn shrink(&self, block: &mut CountedBlock, bytes: usize) -> Result<bool> {
+    fn shrink(&self, block: &mut CountedBlock, bytes: usize) -> Result<usize> {
         if self.granule.is_none() || bytes >= block.size {
-            return Ok(false);
+            return Ok(0);
         }
         block.size -= bytes;
         self.counts.held.fetch_sub(bytes, Ordering::Relaxed);
         self.counts.frees.fetch_add(1, Ordering::Relaxed);
-        Ok(true)
+        Ok(bytes)
     }
 }
 
