@@ -284,13 +284,16 @@ def torch_replay_once(steps, second, in_use, streams):
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t) * 1e3
     after = torch.cuda.memory_stats()
+    # Raw calls from the second step to the end of the replay, read before empty_cache below
+    # gives every segment back (those frees are not the replay's).
+    later = None if before_second is None else raw_calls() - before_second
     peak = torch.cuda.max_memory_reserved() - base
     torch.cuda.empty_cache()
     return {
         "ratio": peak / in_use,
         "allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
         "frees": after.get("num_device_free", 0) - before.get("num_device_free", 0),
-        "later": None if before_second is None else raw_calls() - before_second,
+        "later": later,
         "ms": ms,
     }
 
