@@ -65,6 +65,8 @@ mod debug_print;
 mod line_profile;
 mod recorder;
 #[cfg(feature = "line-profile")]
+mod site;
+#[cfg(feature = "line-profile")]
 mod stack;
 
 pub use debug_print::DebugPrintHook;
