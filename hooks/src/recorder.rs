@@ -96,11 +96,16 @@ impl<W: Write + Send + 'static> Recorder<W> {
     }
 
     /// Whether lines carry their call site.
+    #[cfg(feature = "line-profile")]
     #[must_use]
     pub fn records_call_sites(&self) -> bool {
-        #[cfg(feature = "line-profile")]
-        return self.sites.is_some();
-        #[cfg(not(feature = "line-profile"))]
+        self.sites.is_some()
+    }
+
+    /// Whether lines carry their call site: never without the `line-profile` feature.
+    #[cfg(not(feature = "line-profile"))]
+    #[must_use]
+    pub fn records_call_sites(&self) -> bool {
         false
     }
 
