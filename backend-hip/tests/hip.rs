@@ -228,15 +228,17 @@ fn runtime_errors_are_mapped_with_name_code_and_text() {
     drop(p);
 }
 
-/// What is AMD's own in the device's properties (the backend's other operations are the
-/// conformance suite's `backend_operations_on_one_device`): the gfx architecture's major as the
-/// compute capability: 9 for gfx90a and gfx942, 10 or 11 for RDNA; 8 or more. (Pageable host
-/// memory, which HIP 5 answers with hipErrorInvalidValue, is read as belonging to no device; the
-/// conformance body checks that answer.)
+/// What is HIP's own on a device (the backend's other operations are the conformance suite's
+/// `backend_operations_on_one_device`): the gfx architecture's major as the compute capability
+/// (9 for gfx90a and gfx942, 10 or 11 for RDNA; 8 or more), and the null stream's flags, which
+/// the backend answers itself because HIP refuses the question. (Pageable host memory, which
+/// HIP 5 answers with hipErrorInvalidValue, is read as belonging to no device; the conformance
+/// body checks that answer.)
 #[test]
 #[ignore = "needs an AMD GPU: run with --include-ignored on a machine with one"]
-fn device_properties_are_an_amd_gpus() {
+fn device_properties_and_null_stream_flags_are_hips() {
     require_gpu();
     let props = Device::<Hip>::new(0).properties().expect("properties");
     assert!(props.compute_capability.0 >= 8, "{:?}", props.compute_capability);
+    assert!(!Stream::<Hip>::null().is_non_blocking().expect("null stream flags"));
 }

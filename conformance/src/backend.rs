@@ -52,13 +52,11 @@ macro_rules! __backend_tests {
                     assert!(out.iter().all(|&x| x == 5));
 
                     // Stream attributes: the range's greatest priority is the numerically least,
-                    // a stream gets the default priority 0 or the one asked for, and the null
-                    // stream is blocking.
+                    // and a stream gets the default priority 0 or the one asked for.
                     let (least, greatest) = B::stream_priority_range(0).unwrap();
                     assert!(least >= greatest, "({least}, {greatest})");
                     assert!(s.is_non_blocking().unwrap());
                     assert!(!Stream::new().unwrap().is_non_blocking().unwrap());
-                    assert!(!Stream::null().is_non_blocking().unwrap());
                     assert_eq!(s.priority().unwrap(), 0);
                     let urgent =
                         Stream::with_options(StreamOptions { non_blocking: true, priority: Some(greatest) }).unwrap();
