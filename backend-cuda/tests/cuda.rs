@@ -13,10 +13,9 @@ use std::sync::Arc;
 
 use cudarc::driver::sys::{self, CUstream};
 use gpumem_core::{
-    get_elapsed_time, CaptureStatus, Device, DeviceOps, Error, Event, ExternalStream, GraphOps, Memory,
-    MemoryOps, MemoryPointer, MemoryPool, PinnedMemoryPointer, Stream, StreamOps,
+    get_elapsed_time, Device, DeviceOps, Error, Event, ExternalStream, MemoryOps, MemoryPool, Stream,
 };
-use gpumem_cuda::{Cuda, CudaStream};
+use gpumem_cuda::Cuda;
 
 mod support;
 use support::{device_required, read_back, require_gpu};
@@ -104,13 +103,13 @@ fn captured_graph_replays_memsets_copies_and_host_functions() {
     assert_eq!(Arc::strong_count(&calls), 1);
 }
 
-/// A stream created with the raw driver API, wrapped as an `ExternalStream`, used for gpumem's
-/// asynchronous memsets and copies, and still valid after the wrapper is dropped.
+/// A stream created with the raw driver API, wrapped as an `ExternalStream`: the handle is the
+/// driver's own, and the conformance body (asynchronous memsets and copies on it, and the stream
+/// still valid after the wrapper is dropped) holds for it.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with one"]
 fn external_stream_from_raw_driver_handle() {
     require_gpu();
-    const N: usize = 4096;
     // Make device 0's primary context current, so the raw stream is created in it.
     Device::<Cuda>::new(0).use_device().expect("use device 0");
     let mut raw: CUstream = std::ptr::null_mut();
@@ -118,36 +117,17 @@ fn external_stream_from_raw_driver_handle() {
     let r = unsafe { sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) };
     assert_eq!(r as u32, 0, "cuStreamCreate");
     assert!(!raw.is_null());
-
-    let src = MemoryPointer::from_memory(Memory::<Cuda>::new(N).expect("malloc src"));
-    let dst = MemoryPointer::from_memory(Memory::<Cuda>::new(N).expect("malloc dst"));
     {
         // SAFETY: `raw` is a live stream of device 0, destroyed only at the end of this test.
         let ext = unsafe { ExternalStream::<Cuda>::from_ptr(raw.addr(), Some(0)) };
-        assert_eq!(ext.ptr(), raw.addr());
         assert_eq!(ext.handle().as_raw().cast::<sys::CUstream_st>(), raw);
-        assert!(!ext.is_owned());
-        assert!(ext.is_non_blocking().expect("flags"));
-        let s: &Stream<Cuda> = &ext;
-        src.memset_async(7, N, Some(s)).expect("memset_async");
-        dst.copy_from_device_async(&src, N, Some(s)).expect("copy_from_device_async");
-        let done = Event::<Cuda>::new().expect("event");
-        done.record(Some(s)).expect("record");
-        done.synchronize().expect("event synchronize");
-        ext.synchronize().expect("stream synchronize");
-        assert!(ext.done());
-        assert!(read_back(&dst, N).iter().all(|&x| x == 7));
     }
-    // Dropping the wrapper left the stream alive: the driver still knows it, and gpumem can use
-    // it again.
-    // SAFETY: `raw` is still a live stream.
-    assert_eq!(unsafe { sys::cuStreamQuery(raw) } as u32, 0, "cuStreamQuery");
-    {
-        // SAFETY: as above.
-        let again = unsafe { ExternalStream::<Cuda>::from_ptr(raw.addr(), Some(0)) };
-        dst.memset_async(9, N, Some(&*again)).expect("memset_async again");
-        again.synchronize().expect("synchronize again");
-        assert!(read_back(&dst, N).iter().all(|&x| x == 9));
+    // SAFETY: `raw` stays a live stream of device 0 until it is destroyed below; querying it is
+    // sound while it lives.
+    unsafe {
+        gpumem_conformance::backend::external_stream_from_a_foreign_handle::<Cuda>(raw.addr(), || {
+            sys::cuStreamQuery(raw) as u32 == 0
+        });
     }
     // SAFETY: the test created `raw` and nothing uses it any more; destroyed once.
     assert_eq!(unsafe { sys::cuStreamDestroy_v2(raw) } as u32, 0, "cuStreamDestroy_v2");
@@ -180,102 +160,20 @@ fn driver_errors_are_mapped_with_name_code_and_text() {
     }
 }
 
-/// The rest of the backend once each: properties, memory information, pointer queries, pinned
-/// and stream-ordered memory, stream attributes, callbacks, events and capture status.
+/// What is NVIDIA's own in the device's properties (the backend's other operations are the
+/// conformance suite's `backend_operations_on_one_device`): a compute capability of 5.0 or more,
+/// the oldest this backend's driver API calls support.
 #[test]
 #[ignore = "needs an NVIDIA GPU: run with --include-ignored on a machine with one"]
-fn backend_operations_on_one_gpu() {
+fn device_properties_are_an_nvidia_gpus() {
     require_gpu();
-    let _serial = capture_lock();
-    let device = Device::<Cuda>::new(0);
-    let props = device.properties().expect("properties");
-    assert!(!props.name.is_empty());
-    assert!(props.total_memory > 0 && props.multiprocessor_count > 0);
+    let props = Device::<Cuda>::new(0).properties().expect("properties");
     assert!(props.compute_capability.0 >= 5, "{:?}", props.compute_capability);
-    assert!(props.unified_addressing);
-    let info = device.mem_info().expect("mem_info");
-    assert!(info.total > 0 && info.free <= info.total, "{info:?}");
-    device.synchronize().expect("device synchronize");
-
-    // Pointer queries: device memory, pinned host memory, pageable host memory.
-    let mem = MemoryPointer::from_memory(Memory::<Cuda>::new(4096).expect("malloc"));
-    assert_eq!(Cuda::pointer_device(mem.ptr() + 100).expect("device pointer"), Some(0));
-    let pinned = PinnedMemoryPointer::<Cuda>::alloc(4096).expect("pinned");
-    assert_eq!(Cuda::pointer_device(pinned.ptr().addr()).expect("pinned pointer"), None);
-    let pageable = [0u8; 64];
-    assert_eq!(Cuda::pointer_device(pageable.as_ptr().addr()).expect("pageable pointer"), None);
-
-    // Pinned round trip on a stream.
-    let s = Stream::<Cuda>::non_blocking().expect("stream");
-    pinned.write(&[5u8; 4096]).expect("pinned write");
-    mem.copy_from_host_async(&pinned, 4096, Some(&s)).expect("h2d async");
-    let back = PinnedMemoryPointer::<Cuda>::alloc(4096).expect("pinned");
-    mem.copy_to_host_async(&back, 4096, Some(&s)).expect("d2h async");
-    s.synchronize().expect("synchronize");
-    let mut out = vec![0u8; 4096];
-    back.read(&mut out).expect("pinned read");
-    assert!(out.iter().all(|&x| x == 5));
-
-    // Stream attributes.
-    let (least, greatest) = Cuda::stream_priority_range(0).expect("priority range");
-    assert!(least >= greatest);
-    assert!(s.is_non_blocking().expect("flags"));
-    assert!(!Stream::<Cuda>::new().expect("blocking stream").is_non_blocking().expect("flags"));
-    assert_eq!(s.priority().expect("priority"), 0);
-    assert_eq!(
-        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-        unsafe { Cuda::capture_status(0, CudaStream::LEGACY) }.expect("legacy capture status"),
-        CaptureStatus::None
-    );
-
-    // The stream-ordered allocator (the release threshold is raised on first use).
-    if props.memory_pools_supported {
-        let handle = s.handle();
-        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-        let p = unsafe { Cuda::malloc_async(0, 1 << 20, handle) }.expect("malloc_async");
-        // SAFETY: `p` is 1 MiB of stream-ordered memory, used and freed in order on `s`.
-        unsafe {
-            Cuda::memset_async(0, p, 4, 1 << 20, handle).expect("memset_async");
-            Cuda::free_async(0, p, handle).expect("free_async");
-        }
-        s.synchronize().expect("synchronize");
-    } else {
-        // SAFETY: the stream handles here are 0, 1, 2 or streams this test created and has not destroyed.
-        assert!(matches!(unsafe { Cuda::malloc_async(0, 1024, s.handle()) }, Err(Error::Unsupported { .. })));
-    }
-
-    // A callback runs once, with the stream and an Ok status.
-    let seen = Arc::new(AtomicUsize::new(0));
-    {
-        let seen = Arc::clone(&seen);
-        let ptr = s.ptr();
-        s.add_callback(move |stream, status| {
-            assert_eq!(stream.ptr(), ptr);
-            assert!(status.is_ok());
-            seen.fetch_add(1, Ordering::SeqCst);
-        })
-        .expect("add_callback");
-    }
-    s.synchronize().expect("synchronize after callback");
-    assert_eq!(seen.load(Ordering::SeqCst), 1);
-
-    // Events: timing and queries.
-    let start = Event::<Cuda>::new().expect("event");
-    let end = Event::<Cuda>::new().expect("event");
-    start.record(Some(&s)).expect("record start");
-    mem.memset_async(1, 4096, Some(&s)).expect("memset_async");
-    end.record(Some(&s)).expect("record end");
-    end.synchronize().expect("event synchronize");
-    assert!(start.done() && end.done());
-    let ms = get_elapsed_time(&start, &end).expect("elapsed time");
-    assert!(ms >= 0.0, "{ms}");
-    let other = Stream::<Cuda>::non_blocking().expect("stream");
-    other.wait_event(&end).expect("wait_event");
-    other.synchronize().expect("synchronize");
+    assert!(props.unified_addressing && props.multiprocessor_count > 0, "{props:?}");
 }
 
-/// Serialises the test that captures with the test that synchronises the whole device: CUDA refuses
-/// a device-wide synchronisation while any stream captures, and tests run in parallel.
+/// Serialises the test that captures with any other that synchronises the whole device: CUDA
+/// refuses a device-wide synchronisation while any stream captures, and tests run in parallel.
 fn capture_lock() -> std::sync::MutexGuard<'static, ()> {
     static LOCK: std::sync::Mutex<()> = std::sync::Mutex::new(());
     LOCK.lock().unwrap_or_else(std::sync::PoisonError::into_inner)

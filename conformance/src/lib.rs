@@ -18,6 +18,7 @@
 
 mod allocator;
 mod async_pool;
+pub mod backend;
 mod buffers;
 mod capture;
 mod devices;
@@ -99,6 +100,7 @@ macro_rules! suite {
 
         $crate::__allocator_tests!($flavor);
         $crate::__async_pool_tests!($flavor);
+        $crate::__backend_tests!($flavor);
         $crate::__buffers_tests!($flavor);
         $crate::__capture_tests!($flavor);
         $crate::__devices_tests!($flavor);

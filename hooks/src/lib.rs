@@ -9,6 +9,9 @@
 //!   with the `backtrace` crate. With `default-features = false` the crate has `DebugPrintHook`
 //!   alone, and `LineProfileHook`, `ProfileEntry`, `StackFrame` and `humanized_size` are absent
 //!   (a missing profiler is a compile error, never a profile that silently records nothing).
+//! - [`Recorder`] writes every thread's operations, process-wide, as DebugPrintHook's lines with
+//!   the stream, thread and time after CuPy's keys, and with
+//!   [`Recorder::with_call_sites`] (the `line-profile` feature) each line's call site.
 //!
 //! A hook is installed on the calling thread with [`gpumem_core::hooks::install`] and removed
 //! when the returned guard is dropped (where CuPy uses `with hook:`). The guard dereferences to the
@@ -64,6 +67,8 @@ mod debug_print;
 #[cfg(feature = "line-profile")]
 mod line_profile;
 mod recorder;
+#[cfg(feature = "line-profile")]
+mod site;
 #[cfg(feature = "line-profile")]
 mod stack;
 

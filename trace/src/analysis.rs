@@ -223,6 +223,8 @@ impl Timeline {
             });
         }
 
+        s.sites = site_stats(&self.allocations, top);
+
         let mut largest: Vec<&Allocation> = self.allocations.iter().collect();
         // Largest first; among equals the earlier first, so the list is the same on every run.
         largest.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
@@ -266,6 +268,73 @@ pub struct Stats {
     pub streams: Vec<StreamStats>,
     /// The largest allocations, largest first.
     pub largest: Vec<Allocation>,
+    /// The call sites that asked for the most bytes, most first (empty when the trace records
+    /// no `site`).
+    pub sites: Vec<SiteStats>,
+}
+
+/// The allocations made from one call site.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct SiteStats {
+    /// The call site, as the trace writes it (`file:line:function`).
+    pub site: String,
+    /// Successful pool allocations made there.
+    pub mallocs: u64,
+    /// Bytes asked for there over the whole trace.
+    pub bytes_requested: u64,
+    /// The most bytes allocated there in use at once.
+    pub peak_in_use: u64,
+    /// Its allocations still live at the end of the trace.
+    pub live_at_end: u64,
+    /// The bytes of those.
+    pub live_bytes_at_end: u64,
+    /// Its largest allocation.
+    pub largest: u64,
+}
+
+/// The `top` call sites by bytes requested (ties: the site first seen first).
+fn site_stats(allocations: &[Allocation], top: usize) -> Vec<SiteStats> {
+    // Site -> (order first seen, its allocations).
+    let mut by_site: HashMap<&str, (usize, Vec<&Allocation>)> = HashMap::new();
+    for a in allocations {
+        if let Some(site) = a.site.as_deref() {
+            let n = by_site.len();
+            by_site.entry(site).or_insert_with(|| (n, Vec::new())).1.push(a);
+        }
+    }
+    let mut sites: Vec<(usize, SiteStats)> = by_site
+        .into_iter()
+        .map(|(site, (first, allocs))| {
+            let mut deltas: Vec<(usize, i128)> = Vec::with_capacity(allocs.len() * 2);
+            for a in &allocs {
+                deltas.push((a.start, i128::from(a.size)));
+                if let Some(end) = a.end {
+                    deltas.push((end, -i128::from(a.size)));
+                }
+            }
+            // At one step a free comes before an allocation: steps are distinct, but keep the
+            // order defined.
+            deltas.sort_unstable();
+            let (mut used, mut peak) = (0i128, 0i128);
+            for (_, d) in deltas {
+                used += d;
+                peak = peak.max(used);
+            }
+            let live: Vec<&&Allocation> = allocs.iter().filter(|a| a.end.is_none()).collect();
+            let stats = SiteStats {
+                site: site.to_owned(),
+                mallocs: allocs.len() as u64,
+                bytes_requested: allocs.iter().map(|a| a.size).sum(),
+                peak_in_use: peak as u64,
+                live_at_end: live.len() as u64,
+                live_bytes_at_end: live.iter().map(|a| a.size).sum(),
+                largest: allocs.iter().map(|a| a.size).max().unwrap_or(0),
+            };
+            (first, stats)
+        })
+        .collect();
+    sites.sort_by(|(fa, a), (fb, b)| b.bytes_requested.cmp(&a.bytes_requested).then(fa.cmp(fb)));
+    sites.into_iter().take(top).map(|(_, s)| s).collect()
 }
 
 /// Statistics of one stream's allocations.
@@ -362,6 +431,26 @@ impl Stats {
                 );
             }
         }
+        if !self.sites.is_empty() {
+            let _ = writeln!(s, "\ntop call sites");
+            let _ = writeln!(
+                s,
+                "{:>14} {:>8} {:>14} {:>14} {:>8}  site",
+                "requested", "mallocs", "peak in use", "largest", "live"
+            );
+            for site in &self.sites {
+                let _ = writeln!(
+                    s,
+                    "{:>14} {:>8} {:>14} {:>14} {:>8}  {}",
+                    human_bytes(site.bytes_requested),
+                    site.mallocs,
+                    human_bytes(site.peak_in_use),
+                    human_bytes(site.largest),
+                    site.live_at_end,
+                    site.site
+                );
+            }
+        }
         s
     }
 }
@@ -408,6 +497,36 @@ mod tests {
         assert_eq!(s.streams[1].peak_in_use, 1000);
         assert_eq!(s.largest.iter().map(|a| a.size).collect::<Vec<_>>(), [1000, 100]);
         assert_eq!(t.steps, 5);
+    }
+
+    #[test]
+    fn call_sites_rank_by_bytes_requested() {
+        let at = |e: Event, site: &str| Event { site: Some(site.into()), ..e };
+        let events = vec![
+            at(malloc(1, 100, 0), "a.rs:1:f"),
+            at(malloc(2, 300, 0), "b.rs:2:g"),
+            at(malloc(3, 150, 0), "a.rs:1:f"),
+            free(1),
+            at(malloc(4, 150, 0), "a.rs:1:f"),
+            malloc(5, 10_000, 0), // no site
+            at(malloc(6, 1, 0), "c.rs:3:h"),
+            free(2),
+        ];
+        let s = Timeline::from_events(&events).stats(2);
+        let got: Vec<(&str, u64, u64, u64, u64, u64)> = s
+            .sites
+            .iter()
+            .map(|x| (x.site.as_str(), x.mallocs, x.bytes_requested, x.peak_in_use, x.live_at_end, x.largest))
+            .collect();
+        // a.rs: 100 + 150 + 150 asked, at most 100 + 150 then 150 + 150 live at once.
+        assert_eq!(got, [("a.rs:1:f", 3, 400, 300, 2, 150), ("b.rs:2:g", 1, 300, 300, 0, 300)]);
+        assert_eq!(s.sites[0].live_bytes_at_end, 300);
+        let report = s.render();
+        let section = report.split("top call sites").nth(1).unwrap_or_else(|| panic!("{report}"));
+        assert!(section.find("a.rs:1:f").unwrap() < section.find("b.rs:2:g").unwrap(), "{report}");
+        assert!(!section.contains("c.rs:3:h"), "only the top 2: {report}");
+        // A trace without sites prints no such section.
+        assert!(!Timeline::from_events(&[malloc(1, 5, 0)]).stats(5).render().contains("top call sites"));
     }
 
     #[test]

@@ -60,11 +60,12 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Prints peaks, counts, the largest allocations and per-stream figures.
+    /// Prints peaks, counts, the largest allocations, per-stream figures and the top call sites.
     Stats {
         /// The trace (`-` for standard input).
         file: PathBuf,
-        /// How many of the largest allocations to list.
+        /// How many of the largest allocations, and of the call sites asking for the most bytes,
+        /// to list.
         #[arg(long, default_value_t = 10)]
         top: usize,
         /// Print JSON instead of a report.

@@ -36,7 +36,7 @@
 //! | `stream` | integer | the stream the operation was ordered on (its raw handle or a small number; 0 or absent is the null stream) |
 //! | `thread` | integer | the calling thread |
 //! | `time_ns` | integer | nanoseconds from an origin shared by the whole trace |
-//! | `site` | string | where the allocation was made, `file:line:function` or any text |
+//! | `site` | string | where the operation was called from, `file:line:function` or any text: on a `malloc` line the allocation's call site (what `stats` ranks and `plot --color-by site` colours), on a `free` line where it was freed. `gpumem::Recorder::with_call_sites` writes it |
 //!
 //! Readers ignore keys they do not know, so later versions can add keys. The first line may be
 //! a header, `{"gpumem_trace":1,"source":"pytorch","note":"..."}`, naming the format version
