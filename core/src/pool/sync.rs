@@ -219,7 +219,7 @@ impl ArenaCache {
 
     /// Applies `f` to pool `pool`'s arena `key` if the cache has it; `None` otherwise (and when
     /// the cache is busy, which only a re-entrant call from `f` could make it).
-    #[inline]
+    #[inline(always)]
     pub(crate) fn with<A: Send + Sync + 'static, T>(
         &self,
         pool: u64,

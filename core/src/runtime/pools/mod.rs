@@ -191,7 +191,19 @@ where
                 return Ok(p);
             }
         }
-        let pooled = self.malloc_pooled(size)?;
+        // The cache hit as in `malloc_pooled`: a chunk, not a `Result`, out of the thread-local
+        // access, made into the pointer here.
+        let hit = B::thread_state().try_with(|ts| self.pool.try_hit(size, ts.arena_key(), &ts.arenas));
+        if let Ok(Some(pooled)) = hit {
+            return Ok(MemoryPointer::from_pooled(pooled));
+        }
+        self.malloc_slow(size)
+    }
+
+    /// Everything but the cache hit (see [`Pool::malloc`]).
+    #[inline(never)]
+    fn malloc_slow(&self, size: usize) -> Result<MemoryPointer<B>> {
+        let pooled = self.malloc_pooled_slow(size)?;
         if !pooled.is_chunk() {
             return self.empty_pointer();
         }
@@ -240,7 +252,8 @@ where
     /// Everything but the cache hit (see [`Pool::malloc`]).
     #[inline(never)]
     fn malloc_pooled_slow(&self, size: usize) -> Result<PooledMemory<A>> {
-        let result = B::thread_state().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
+        let result =
+            B::thread_state().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
         match result {
             Ok(result) => result,
             Err(_) => self.malloc_at_thread_exit(size),
