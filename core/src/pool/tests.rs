@@ -58,6 +58,18 @@ impl RawAllocator for Mock {
     }
 }
 
+/// A fence that completes when its flag is set (or when waited for).
+struct Flag(Arc<AtomicBool>);
+
+impl Fence for Flag {
+    fn is_complete(&self) -> bool {
+        self.0.load(Ordering::Acquire)
+    }
+    fn wait(&self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
 fn pool() -> (Pool<Mock>, Mock, ArenaCache) {
     let mock = Mock::default();
     (Pool::new(0, mock.clone()), mock, ArenaCache::new())
@@ -107,15 +119,6 @@ fn every_raw_block_is_checked_before_any_of_it_is_lent() {
 
 #[test]
 fn a_fenced_chunk_is_not_lent_before_its_fence_completes() {
-    struct Flag(Arc<AtomicBool>);
-    impl Fence for Flag {
-        fn is_complete(&self) -> bool {
-            self.0.load(Ordering::Acquire)
-        }
-        fn wait(&self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
     let (pool, _mock, cache) = pool();
     let a = pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap();
     let address = a.ptr();
@@ -132,19 +135,10 @@ fn a_fenced_chunk_is_not_lent_before_its_fence_completes() {
 
 #[test]
 fn the_out_of_memory_ladder_waits_for_fences_before_giving_up() {
-    struct Later(Arc<AtomicBool>);
-    impl Fence for Later {
-        fn is_complete(&self) -> bool {
-            self.0.load(Ordering::Acquire)
-        }
-        fn wait(&self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
     let (pool, _mock, cache) = pool();
     pool.set_limit(2 * UNIT);
     let a = pool.malloc(2 * UNIT, ArenaKey::NULL, &cache).unwrap();
-    a.free_after(Box::new(Later(Arc::new(AtomicBool::new(false))))).unwrap();
+    a.free_after(Box::new(Flag(Arc::new(AtomicBool::new(false))))).unwrap();
     let b = pool.malloc(2 * UNIT, ArenaKey::stream(3), &cache).unwrap();
     assert_eq!(b.size(), 2 * UNIT);
     assert_eq!(pool.total_bytes(), 2 * UNIT);
@@ -651,15 +645,6 @@ fn statistics_count_each_allocation_free_and_raw_call() {
 
 #[test]
 fn a_fenced_free_leaves_the_chunk_active_until_its_fence_completes() {
-    struct Flag(Arc<AtomicBool>);
-    impl Fence for Flag {
-        fn is_complete(&self) -> bool {
-            self.0.load(Ordering::Acquire)
-        }
-        fn wait(&self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
     let (pool, _mock, cache) = pool();
     let a = pool.malloc(700, ArenaKey::NULL, &cache).unwrap();
     let done = Arc::new(AtomicBool::new(false));
@@ -832,15 +817,6 @@ fn statistics_and_snapshots_are_serde_values() {
 /// and peak resets, each peak is exact after every step.
 #[test]
 fn peaks_match_a_model_that_compares_on_every_step() {
-    struct Flag(Arc<AtomicBool>);
-    impl Fence for Flag {
-        fn is_complete(&self) -> bool {
-            self.0.load(Ordering::Acquire)
-        }
-        fn wait(&self) {
-            self.0.store(true, Ordering::Release);
-        }
-    }
     #[derive(Default)]
     struct Model {
         requested: u64,
