@@ -238,6 +238,15 @@ fn counted_pool(
     (pool, allocator, ArenaCache::new())
 }
 
+/// A `Segments` pool with expandable segments on a counting allocator of 2 MiB granules.
+fn expandable_segments_pool() -> (Pool<trace::CountingAllocator>, trace::CountingAllocator, ArenaCache) {
+    let allocator = trace::CountingAllocator::expandable(2 << 20);
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    (pool, allocator, ArenaCache::new())
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn segments_make_no_raw_call_after_the_first_of_ten_repeated_steps() {
@@ -504,11 +513,7 @@ fn a_small_miss_between_large_ones_does_not_start_a_new_large_block() {
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn segments_with_expandable_segments_make_no_raw_call_after_the_first_of_ten_repeated_steps() {
     let step = one_training_step();
-    let allocator = trace::CountingAllocator::expandable(2 << 20);
-    let pool = Pool::new(0, allocator.clone());
-    pool.set_growth_policy(GrowthPolicy::Segments);
-    pool.set_expandable_segments(true).unwrap();
-    let cache = ArenaCache::new();
+    let (pool, allocator, cache) = expandable_segments_pool();
     let mut live = HashMap::new();
     let mut after = Vec::new();
     for _ in 0..10 {
@@ -585,11 +590,7 @@ fn expandable_segments_settle_on_a_training_loop_and_hold_less() {
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn expandable_segments_lend_disjoint_chunks_and_every_byte_comes_back() {
     let steps = trace::random(11, 6000, 0.52, 256.0 * 1024.0, 2.0, 64 << 20, 4);
-    let allocator = trace::CountingAllocator::expandable(2 << 20);
-    let pool = Pool::new(0, allocator.clone());
-    pool.set_growth_policy(GrowthPolicy::Segments);
-    pool.set_expandable_segments(true).unwrap();
-    let cache = ArenaCache::new();
+    let (pool, allocator, cache) = expandable_segments_pool();
     let mut live = HashMap::new();
     replay_into(&pool, &cache, &steps, &mut live, |p, live| {
         let (start, end) = (p.ptr(), p.ptr() + p.size());
