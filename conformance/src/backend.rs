@@ -21,6 +21,10 @@ macro_rules! __backend_tests {
 
             conformance! {
                 fn backend_operations_on_one_device() {
+                    // The device's stream-ordered pool is shared with the tests that check its
+                    // statistics, so not while they run (taken before the capture lock, in the
+                    // order the stream-ordered capture test takes both).
+                    let _async = $crate::async_pool_lock();
                     let _serial = $crate::capture_lock();
                     let device = Device::new(0);
                     let props = device.properties().unwrap();
