@@ -91,16 +91,22 @@ fn hook_check(c: &mut Criterion) {
     g.finish();
 }
 
-/// `threads` threads, each on its own non-blocking stream, each doing `iters` 4 KiB allocate +
-/// free pairs; returns the wall time of the slowest.
-fn run_threads(pool: &Arc<SingleDeviceMemoryPool<Host>>, threads: usize, iters: u64) -> Duration {
+/// `threads` threads, each doing `iters` 4 KiB allocate + free pairs, each on its own non-blocking
+/// stream (`own_stream`) or all on the null stream (one arena); returns the wall time of the
+/// slowest.
+fn run_threads(
+    pool: &Arc<SingleDeviceMemoryPool<Host>>,
+    threads: usize,
+    own_stream: bool,
+    iters: u64,
+) -> Duration {
     let start = Arc::new(Barrier::new(threads + 1));
     let handles: Vec<_> = (0..threads)
         .map(|_| {
             let (pool, start) = (Arc::clone(pool), Arc::clone(&start));
             std::thread::spawn(move || {
-                let stream = Stream::<Host>::non_blocking().unwrap();
-                let _g = stream.enter().unwrap();
+                let stream = own_stream.then(|| Stream::<Host>::non_blocking().unwrap());
+                let _g = stream.as_ref().map(|s| s.enter().unwrap());
                 drop(pool.malloc_pooled(4096).unwrap());
                 start.wait();
                 let t = Instant::now();
@@ -122,7 +128,7 @@ fn threads(c: &mut Criterion) {
         // One element = one allocate + free pair on one thread; the rate is aggregate.
         g.throughput(Throughput::Elements(n as u64));
         g.bench_function(BenchmarkId::from_parameter(n), |b| {
-            b.iter_custom(|iters| run_threads(&pool, n, iters))
+            b.iter_custom(|iters| run_threads(&pool, n, true, iters))
         });
     }
     g.finish();
@@ -138,38 +144,15 @@ fn arena_lock(c: &mut Criterion) {
     let mut g = c.benchmark_group("arena_lock");
     let pool = Arc::new(SingleDeviceMemoryPool::<Host>::new(0).unwrap());
     drop(pool.malloc_pooled(512).unwrap());
-    let p = Arc::clone(&pool);
-    std::thread::spawn(move || drop(p.malloc_pooled(4096).unwrap())).join().unwrap();
     g.throughput(Throughput::Elements(1));
     g.bench_function(BenchmarkId::new("cache_hit_512B", name), |b| {
         b.iter(|| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())))
     });
     g.throughput(Throughput::Elements(4));
     g.bench_function(BenchmarkId::new("4_threads_null_stream_4KiB", name), |b| {
-        b.iter_custom(|iters| run_shared(&pool, 4, iters))
+        b.iter_custom(|iters| run_threads(&pool, 4, false, iters))
     });
     g.finish();
-}
-
-/// `threads` threads on the null stream (one arena), each doing `iters` 4 KiB pairs; the wall
-/// time of the slowest.
-fn run_shared(pool: &Arc<SingleDeviceMemoryPool<Host>>, threads: usize, iters: u64) -> Duration {
-    let start = Arc::new(Barrier::new(threads + 1));
-    let handles: Vec<_> = (0..threads)
-        .map(|_| {
-            let (pool, start) = (Arc::clone(pool), Arc::clone(&start));
-            std::thread::spawn(move || {
-                start.wait();
-                let t = Instant::now();
-                for _ in 0..iters {
-                    drop(black_box(pool.malloc_pooled(black_box(4096)).unwrap()));
-                }
-                t.elapsed()
-            })
-        })
-        .collect();
-    start.wait();
-    handles.into_iter().map(|h| h.join().unwrap()).max().unwrap()
 }
 
 criterion_group! {
