@@ -417,10 +417,14 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
     ) -> Result<PooledMemory<R>> {
         let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
-        if !hooks::active() {
-            return self.lend(size, mem_size, key, cache, false);
+        if hooks::active() {
+            return self.malloc_hooked(size, mem_size, key, cache);
         }
-        self.malloc_hooked(size, mem_size, key, cache)
+        if mem_size == 0 {
+            return Ok(PooledMemory::empty(self.shared.device));
+        }
+        // `try_hit` has looked in the cached arena already: straight to the miss.
+        self.lend_slow(size, mem_size, key, cache, false)
     }
 
     #[cold]
