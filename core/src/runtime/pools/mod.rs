@@ -192,7 +192,8 @@ where
             }
         }
         // The cache hit as in `malloc_pooled`: a chunk, not a `Result`, out of the thread-local
-        // access, made into the pointer here.
+        // access, made into the pointer here. Written out in both: through a shared helper the
+        // compiler moves the chunk once more (18 instructions on the hit, 42 on this one).
         let hit = B::thread_state().try_with(|ts| self.pool.try_hit(size, ts.arena_key(), &ts.arenas));
         if let Ok(Some(pooled)) = hit {
             return Ok(MemoryPointer::from_pooled(pooled));
