@@ -438,7 +438,7 @@ impl<R: RawAllocator> Pool<R> {
         let device_id = self.shared.device;
         let pre = MallocEvent { device_id, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire(hooks::MALLOC_PREPROCESS, |h| h.malloc_preprocess(&pre))?;
-        let result = self.lend(size, mem_size, key, cache, true);
+        let result = self.lend_hooked(size, mem_size, key, cache);
         let post = match &result {
             Ok(p) => MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre },
             Err(_) => pre,
@@ -450,22 +450,22 @@ impl<R: RawAllocator> Pool<R> {
         result
     }
 
-    /// Lends a chunk of `mem_size` (`size` rounded) bytes from arena `key`.
+    /// Lends a chunk of `mem_size` (`size` rounded) bytes from arena `key` between the hooks:
+    /// the cached arena first (a hooked allocation has not tried it), then the miss path.
     #[inline]
-    fn lend(
+    fn lend_hooked(
         &self,
         size: usize,
         mem_size: usize,
         key: ArenaKey,
         cache: &ArenaCache,
-        hooked: bool,
     ) -> Result<PooledMemory<R>> {
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
         match self.take_cached(size, mem_size, key, cache) {
             Some(p) => Ok(p),
-            None => self.lend_slow(size, mem_size, key, cache, hooked),
+            None => self.lend_slow(size, mem_size, key, cache, true),
         }
     }
 
