@@ -1207,14 +1207,18 @@ fn main() {
         let path = args.get(i + 1).expect("--replay-host PATH");
         let text = std::fs::read_to_string(path).expect("read the trace");
         let steps = trace::parse(&text).expect("a trace");
+        let mark = trace::step_marks(&text).get(1).copied();
         for (what, policy, raw) in POLICIES {
-            let r = match raw {
-                Raw::Plain => trace::replay(&steps, policy),
-                Raw::Expandable => trace::replay_expandable(&steps, policy),
+            let expandable = raw == Raw::Expandable;
+            let r = match mark {
+                Some(m) => trace::replay_from(&steps, policy, expandable, m),
+                None if expandable => trace::replay_expandable(&steps, policy),
+                None => trace::replay(&steps, policy),
             }
             .expect("replay");
+            let later = r.raw_calls_from_mark.map_or("-".into(), |n| n.to_string());
             println!(
-                "{what:<24} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}",
+                "{what:<42} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  from step 2 {later:>4}",
                 r.ratio(),
                 r.raw_allocs,
                 r.raw_frees

@@ -4,6 +4,10 @@
 //! within their raw block, so splitting and merging are O(1) and never allocate once the slab has
 //! grown. Everything here runs under the arena's own lock; nothing here calls the runtime or a
 //! hook, so the lock is held for a few dozen instructions.
+//!
+//! Free chunks are filed in the arena's free index, except, with expandable segments, the free
+//! tail of each growing block: that one is lent only by the miss path, when nothing in the index
+//! fits (see [`ArenaState::take_with_tail`]).
 
 use crate::hal::types::DevicePtr;
 
@@ -66,6 +70,12 @@ pub(crate) struct ArenaState<K> {
     /// free index (with `segmented`, small and large requests each grow their own block, so
     /// that a small miss between two large ones does not start a new large block).
     growable: [Option<u32>; 2],
+    /// With `keep_tail_last`, the free chunk at the end of each growable block, kept out of the
+    /// free index (`NIL` when there is none); see [`ArenaState::take_from_tail`].
+    tail: [u32; 2],
+    /// Lend from a growable block's free tail only when no other free chunk fits (expandable
+    /// segments, except under `HoldPeakInUse`); set with [`ArenaState::set_keep_tail_last`].
+    keep_tail_last: bool,
     /// Bytes lent out. (Free bytes and free chunks are not counted on the hot path: the pool's
     /// free bytes are its total less its used bytes, and `n_free` counts when asked.)
     pub(crate) used_bytes: usize,
@@ -261,6 +271,8 @@ impl<K: RawBlock> ArenaState<K> {
             bounded_split: false,
             segmented: false,
             growable: [None; 2],
+            tail: [NIL; 2],
+            keep_tail_last: false,
             used_bytes: 0,
             n_lent: 0,
             counters: Counters::default(),
@@ -307,14 +319,23 @@ impl<K: RawBlock> ArenaState<K> {
     fn mark_free(&mut self, slot: u32) {
         let c = &mut self.chunks[slot as usize];
         c.state = State::Free;
-        let (size, bin, class) = (c.size, c.bin, c.class);
-        self.index_of(usize::from(class)).insert(slot, size, bin);
+        let (size, bin, class, next, block) = (c.size, c.bin, c.class, c.next, c.block);
+        let class = usize::from(class);
+        if self.keep_tail_last && next == NIL && self.growable[class] == Some(block) {
+            self.tail[class] = slot;
+            return;
+        }
+        self.index_of(class).insert(slot, size, bin);
     }
 
     #[inline]
     fn unmark_free(&mut self, slot: u32) {
         let c = &self.chunks[slot as usize];
         let (class, bin) = (usize::from(c.class), c.bin);
+        if self.tail[class] == slot {
+            self.tail[class] = NIL;
+            return;
+        }
         self.index_of(class).remove(slot, bin);
     }
 
@@ -330,11 +351,31 @@ impl<K: RawBlock> ArenaState<K> {
     }
 
     /// Lends the best-fitting free chunk for `size` bytes, splitting off and keeping the rest
-    /// (CuPy's split: the head is lent, the remainder stays free, unmerged).
+    /// (CuPy's split: the head is lent, the remainder stays free, unmerged). The cache hit: it
+    /// looks in the free index only, so a growable block's free tail kept aside
+    /// ([`ArenaState::take_with_tail`]) is not lent here.
     #[inline(always)]
     pub(crate) fn take(&mut self, size: usize, requested: usize) -> Option<Lent> {
         let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
         let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
+        Some(self.lend_slot(slot, found, size, requested))
+    }
+
+    /// [`ArenaState::take`], else the growable block's free tail: what the miss path lends from
+    /// before it grows a block.
+    #[cold]
+    pub(crate) fn take_with_tail(&mut self, size: usize, requested: usize) -> Option<Lent> {
+        if let Some(lent) = self.take(size, requested) {
+            return Some(lent);
+        }
+        let (slot, found) = self.take_from_tail(size)?;
+        Some(self.lend_slot(slot, found, size, requested))
+    }
+
+    /// Lends free chunk `slot` of `found` bytes, just taken out of the free index or the tail,
+    /// for `size` bytes, splitting off the rest.
+    #[inline(always)]
+    fn lend_slot(&mut self, slot: u32, found: usize, size: usize, requested: usize) -> Lent {
         self.n_lent += 1;
         self.used_bytes += size;
         self.counters.on_lend(size, requested, self.used_bytes, self.n_lent);
@@ -345,7 +386,25 @@ impl<K: RawBlock> ArenaState<K> {
         debug_assert!(chunk.state == State::Free && chunk.size == size);
         chunk.state = State::Lent;
         chunk.slack = slack(size, requested);
-        Some(Lent { slot, ptr: chunk.ptr })
+        Lent { slot, ptr: chunk.ptr }
+    }
+
+    /// The growable block's free tail for a request of `size` bytes, when it holds them: taken
+    /// out of its place as the free index's `take_best` takes a chunk.
+    ///
+    /// The tail is the memory that expandable segments extend. Lent only when no other free
+    /// chunk fits (dlmalloc's rule for its top chunk), a long-lived tensor made while a large
+    /// transient one is free goes into a hole left by others, not the front of the tail, where
+    /// it would cut the next large request off from the memory mapped after it.
+    #[cold]
+    fn take_from_tail(&mut self, size: usize) -> Option<(u32, usize)> {
+        let class = policy::class(size, self.segmented);
+        let slot = self.tail[class];
+        if slot == NIL || self.chunks[slot as usize].size < size {
+            return None;
+        }
+        self.tail[class] = NIL;
+        Some((slot, self.chunks[slot as usize].size))
     }
 
     #[cold]
@@ -398,16 +457,42 @@ impl<K: RawBlock> ArenaState<K> {
             class,
             slack: slack(size, requested),
         });
+        self.set_growable(usize::from(class), block);
         if whole > size {
             self.split(slot, size, whole);
         }
-        self.growable[usize::from(class)] = Some(block);
         self.used_bytes += size;
         self.n_lent += 1;
         self.counters.on_reserve(whole, true);
         self.counters.misses += 1;
         self.counters.on_lend(size, requested, self.used_bytes, self.n_lent);
         Lent { slot, ptr }
+    }
+
+    /// Turns the tail rule of [`ArenaState::take_from_tail`] on or off; turned off, the tails
+    /// kept aside go into the free index.
+    pub(crate) fn set_keep_tail_last(&mut self, on: bool) {
+        self.keep_tail_last = on;
+        if !on {
+            for class in 0..2 {
+                let slot = std::mem::replace(&mut self.tail[class], NIL);
+                if slot != NIL {
+                    let c = self.chunks[slot as usize];
+                    self.index_of(class).insert(slot, c.size, c.bin);
+                }
+            }
+        }
+    }
+
+    /// Makes `block` the growable block of free index `class`; the free tail of the one before
+    /// goes into the free index like any other free chunk.
+    fn set_growable(&mut self, class: usize, block: u32) {
+        let old = std::mem::replace(&mut self.tail[class], NIL);
+        self.growable[class] = Some(block);
+        if old != NIL {
+            let c = self.chunks[old as usize];
+            self.index_of(class).insert(old, c.size, c.bin);
+        }
     }
 
     /// Takes back a lent chunk, merging it with free neighbours of the same raw block. When the
@@ -423,7 +508,12 @@ impl<K: RawBlock> ArenaState<K> {
         if state == State::Lent {
             self.counters.on_give_back(size, size - usize::from(slack));
         }
-        if self.is_free(next) || self.is_free(prev) || self.orphaned {
+        // With the tail rule on, a block's last chunk may be a growing block's tail, which is not
+        // filed in the index (`mark_free` decides), so it takes the slow way too. Written so,
+        // the test of `next` costs the hit two instructions (a plain `||` of the rule cost five).
+        let next_cold =
+            if next == NIL { self.keep_tail_last } else { self.chunks[next as usize].state == State::Free };
+        if next_cold || self.is_free(prev) || self.orphaned {
             return self.give_back_merging(slot);
         }
         // The common case: no free neighbour, so the chunk goes into its bin as it is, with the
@@ -433,8 +523,8 @@ impl<K: RawBlock> ArenaState<K> {
         None
     }
 
-    /// The rest of [`ArenaState::give_back`]: a chunk with a free neighbour, or in an orphaned
-    /// arena.
+    /// The rest of [`ArenaState::give_back`]: a chunk with a free neighbour, a block's last
+    /// chunk, or a chunk of an orphaned arena.
     #[cold]
     fn give_back_merging(&mut self, slot: u32) -> Option<(K, usize)> {
         let c = self.chunks[slot as usize];

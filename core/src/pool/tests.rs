@@ -586,6 +586,61 @@ fn expandable_segments_settle_on_a_training_loop_and_hold_less() {
     }
 }
 
+/// Three steps of training loops recorded on the GPU (`bench/record_training_trace.py`), with the
+/// index where the third step begins.
+fn recorded_training_traces() -> [(&'static str, Vec<trace::Step>, usize); 2] {
+    let read = |name, text: &str| (name, trace::parse(text).unwrap(), trace::step_marks(text)[2]);
+    [
+        read("GPT-2", include_str!("../../tests/fixtures/gpt2-training.trace")),
+        read("BERT", include_str!("../../tests/fixtures/bert-finetuning.trace")),
+    ]
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+fn recorded_training_steps_hold_within_three_percent_and_settle_with_expandable_segments() {
+    for (name, steps, third) in recorded_training_traces() {
+        let r = trace::replay_from(&steps, GrowthPolicy::Segments, true, third).unwrap();
+        assert!(r.ratio() <= 1.03, "{name}: held / in use {:.4}", r.ratio());
+        assert_eq!(r.raw_calls_from_mark, Some(0), "{name}: raw calls in the third step");
+        assert_eq!(r.raw_frees, 0, "{name}");
+        // Without expandable segments the same rules hold more: the growing tail is what the
+        // rule keeps whole.
+        let plain = trace::replay(&steps, GrowthPolicy::Segments).unwrap();
+        assert!(r.peak_held < plain.peak_held, "{name}: {} against {}", r.peak_held, plain.peak_held);
+    }
+}
+
+#[test]
+fn the_growing_tail_is_lent_only_when_no_hole_fits() {
+    const MIB: usize = 1 << 20;
+    let (pool, allocator, cache) = expandable_segments_pool();
+    let key = ArenaKey::NULL;
+    // One growing block: a 60 MiB chunk, a 20 MiB one, then 40 MiB; the first and the last
+    // freed, so the block has a 60 MiB hole and a 40 MiB free tail.
+    let hole = pool.malloc(60 * MIB, key, &cache).unwrap();
+    let pin = pool.malloc(20 * MIB, key, &cache).unwrap();
+    let tail = pool.malloc(40 * MIB, key, &cache).unwrap();
+    let (hole_at, tail_at) = (hole.ptr(), tail.ptr());
+    assert_eq!(pin.ptr(), hole_at + 60 * MIB, "one block, grown in place");
+    drop((hole, tail));
+    let calls = raw_calls(allocator.counts());
+    // 30 MiB fit both; best fit alone would cut the 40 MiB tail. The hole takes it.
+    let long_lived = pool.malloc(30 * MIB, key, &cache).unwrap();
+    assert_eq!(long_lived.ptr(), hole_at, "the hole, not the tail");
+    // The cache hit does not lend the tail; the miss path does, without a raw call.
+    assert!(pool.try_hit(40 * MIB, key, &cache).is_none());
+    let large = pool.malloc(40 * MIB, key, &cache).unwrap();
+    assert_eq!(large.ptr(), tail_at);
+    assert_eq!(raw_calls(allocator.counts()), calls, "no raw call: both fit");
+    drop(large);
+    // With expandable segments off, the tail is a free chunk like any other: a cache hit.
+    pool.set_expandable_segments(false).unwrap();
+    let hit = pool.try_hit(40 * MIB, key, &cache).expect("a hit on the former tail");
+    assert_eq!(hit.ptr(), tail_at);
+    assert_eq!(raw_calls(allocator.counts()), calls);
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn expandable_segments_lend_disjoint_chunks_and_every_byte_comes_back() {

@@ -268,6 +268,9 @@ pub struct ReplayStats {
     pub raw_allocs: usize,
     /// Raw frees (blocks dropped), the pool's own drop at the end not counted.
     pub raw_frees: usize,
+    /// Raw allocations and frees from step `mark` on, for a replay given one
+    /// ([`replay_from`]): a training trace's second step, say, where a loop that settles makes none.
+    pub raw_calls_from_mark: Option<usize>,
 }
 
 impl ReplayStats {
@@ -398,7 +401,7 @@ impl RawAllocator for CountingAllocator {
 ///
 /// The pool's errors (none on this allocator, which never runs out).
 pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
-    replay_on(steps, policy, CountingAllocator::default())
+    replay_on(steps, policy, CountingAllocator::default(), None)
 }
 
 /// As [`replay`], with expandable segments on (blocks grow in 2 MiB granules, each growth a
@@ -408,10 +411,32 @@ pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
 ///
 /// As [`replay`].
 pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
-    replay_on(steps, policy, CountingAllocator::expandable(2 << 20))
+    replay_on(steps, policy, CountingAllocator::expandable(2 << 20), None)
 }
 
-fn replay_on(steps: &[Step], policy: GrowthPolicy, allocator: CountingAllocator) -> Result<ReplayStats> {
+/// As [`replay`] (or [`replay_expandable`], with `expandable`), also counting the raw calls made
+/// from step index `mark` on (a training trace's second step: [`step_marks`]).
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn replay_from(
+    steps: &[Step],
+    policy: GrowthPolicy,
+    expandable: bool,
+    mark: usize,
+) -> Result<ReplayStats> {
+    let allocator =
+        if expandable { CountingAllocator::expandable(2 << 20) } else { CountingAllocator::default() };
+    replay_on(steps, policy, allocator, Some(mark))
+}
+
+fn replay_on(
+    steps: &[Step],
+    policy: GrowthPolicy,
+    allocator: CountingAllocator,
+    mark: Option<usize>,
+) -> Result<ReplayStats> {
     let pool = Pool::new(0, allocator.clone());
     pool.set_growth_policy(policy);
     if allocator.expandable() {
@@ -419,7 +444,13 @@ fn replay_on(steps: &[Step], policy: GrowthPolicy, allocator: CountingAllocator)
     }
     let cache = ArenaCache::new();
     let mut live = HashMap::new();
-    for step in steps {
+    let c = allocator.counts();
+    let calls = || c.allocs.load(Ordering::Relaxed) + c.frees.load(Ordering::Relaxed);
+    let mut at_mark = None;
+    for (i, step) in steps.iter().enumerate() {
+        if Some(i) == mark {
+            at_mark = Some(calls());
+        }
         match *step {
             Step::Alloc { id, size, stream } => {
                 live.insert(id, pool.malloc(size, ArenaKey::stream(stream), &cache)?);
@@ -428,12 +459,13 @@ fn replay_on(steps: &[Step], policy: GrowthPolicy, allocator: CountingAllocator)
         }
     }
     drop(live);
-    let c = allocator.counts();
+    let raw_calls_from_mark = at_mark.map(|n| calls() - n);
     Ok(ReplayStats {
         peak_held: c.peak.load(Ordering::Relaxed),
         peak_in_use: peak_in_use(steps),
         raw_allocs: c.allocs.load(Ordering::Relaxed),
         raw_frees: c.frees.load(Ordering::Relaxed),
+        raw_calls_from_mark,
     })
 }
 
