@@ -316,7 +316,13 @@ def load_traces(directory):
     for name in TRACES:
         path = os.path.join(directory, f"{name}.trace")
         if os.path.exists(path):
-            yield name, read_trace(path)
+            steps, second = read_trace(path)
+            if name == "random":
+                # The same trace with every allocation on one stream (gpumem's
+                # trace::on_one_stream): the allocator's own fragmentation, no stream's memory apart.
+                one = [("a", s[1], s[2], 0) if s[0] == "a" else s for s in steps]
+                yield "random_one_stream", (one, second)
+            yield name, (steps, second)
 
 
 def fragmentation(out, directory):

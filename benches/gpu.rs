@@ -1053,7 +1053,9 @@ fn replay(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, ra
 /// recorded (`training.trace`: GPT-2, `bert.trace`: BERT fine-tuning) when present.
 /// Each with the index where its second training step begins, if it marks one.
 fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Option<usize>)> {
-    let mut traces = vec![("random", trace::standard_random(), None)];
+    let random = trace::standard_random();
+    let mut traces =
+        vec![("random_one_stream", trace::on_one_stream(&random), None), ("random", random, None)];
     for name in ["training", "bert"] {
         let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/{name}.trace")).ok()) else {
             continue;
@@ -1093,7 +1095,7 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
     .unwrap();
     writeln!(table, "| --- | --- | --- | --- | --- | --- | --- |").unwrap();
     for (name, steps, second) in traces(dir) {
-        let label = format!("{name} ({} steps)", steps.len());
+        let label = format!("{} ({} steps)", name.replace('_', " "), steps.len());
         let mut ours = Vec::new();
         for (what, policy, raw) in POLICIES {
             if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
@@ -1130,7 +1132,7 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
             )
             .unwrap();
         }
-        let target = if name == "random" { 1.05 } else { 1.03 };
+        let target = if name.starts_with("random") { 1.05 } else { 1.03 };
         let anchors = report.anchors.clone();
         let torch = |field: &str| anchors.get(&format!("torch_default_frag_{name}_{field}")).copied();
         for (policy_name, raw) in

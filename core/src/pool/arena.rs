@@ -67,8 +67,8 @@ pub(crate) struct ArenaState<K> {
     /// Small and large requests are served from separate blocks (`GrowthPolicy::Segments`).
     pub(crate) segmented: bool,
     /// The block that grows on a miss, with an expandable raw allocator: the newest one of each
-    /// free index (with `segmented`, small and large requests each grow their own block, so
-    /// that a small miss between two large ones does not start a new large block).
+    /// free index (the pool turns `segmented` off for new arenas with expandable segments; an
+    /// arena made segmented before they were turned on grows a block per index).
     growable: [Option<u32>; 2],
     /// With `keep_tail_last`, the free chunk at the end of each growable block, kept out of the
     /// free index (`NIL` when there is none); see [`ArenaState::take_from_tail`].
@@ -467,6 +467,11 @@ impl<K: RawBlock> ArenaState<K> {
         self.counters.misses += 1;
         self.counters.on_lend(size, requested, self.used_bytes, self.n_lent);
         Lent { slot, ptr }
+    }
+
+    /// Whether the arena holds no raw block.
+    pub(crate) fn holds_no_block(&self) -> bool {
+        self.blocks.iter().all(Option::is_none)
     }
 
     /// Turns the tail rule of [`ArenaState::take_from_tail`] on or off; turned off, the tails

@@ -104,17 +104,17 @@ pub enum GrowthPolicy {
     HoldPeakInUse,
     /// Size-classed segments that settle: a miss asks for a block of the request's class (2 MiB
     /// for requests up to 1 MiB, 20 MiB up to 10 MiB, larger ones rounded up to 2 MiB) and lends
-    /// its head; small and large requests never share a block; nothing is released before the
+    /// its head; small and large requests never share a plain block; nothing is released before the
     /// device runs out (or `free_all_blocks`). On a large miss, the arena's whole free large blocks
     /// are given back and fused into the new one (as large as all of them, or the request), so
     /// held memory grows by at most what the request lacks, and a training loop's transient
     /// blocks become a few large ones in its first step, cut up again by the later steps without
     /// a raw call. The cache hit costs the same as under the other policies.
     ///
-    /// With expandable segments, small and large requests each grow their own block, and a large
-    /// request grows its block by at least 20 MiB: a loop's first step then maps memory a few
-    /// times instead of once per new tensor (three driver calls a growth), and a step grows past
-    /// its need by less than one such growth per arena.
+    /// With expandable segments, small and large requests share one growing block, and a large
+    /// request grows it by at least 20 MiB: a loop's first step then maps memory a few times
+    /// instead of once per new tensor (three driver calls a growth), and a step grows past its
+    /// need by less than one such growth per arena.
     ///
     /// Without expandable segments, a long-lived tensor made while a large block is free (an
     /// optimizer's state, made after the first backward pass) is cut from that block and pins
@@ -537,9 +537,7 @@ impl<R: RawAllocator> Pool<R> {
         let mut arenas = self.arenas.lock();
         Arc::clone(arenas.entry(key).or_insert_with(|| {
             let mut state = ArenaState::new();
-            state.bounded_split = self.growth_policy() == GrowthPolicy::HoldPeakInUse;
-            state.segmented = self.growth_policy() == GrowthPolicy::Segments;
-            state.set_keep_tail_last(self.keeps_tail_last());
+            self.configure(&mut state);
             self.shared.arenas_since_reset.fetch_add(1, Ordering::Relaxed);
             Arc::new(Arena {
                 key,
@@ -702,17 +700,10 @@ impl<R: RawAllocator> Pool<R> {
         }
         let map = self.arenas.lock();
         self.shared.expandable.store(on, Ordering::Relaxed);
-        let keep = self.keeps_tail_last();
         for arena in map.values() {
-            arena.state.lock().set_keep_tail_last(keep);
+            self.configure(&mut arena.state.lock());
         }
         Ok(())
-    }
-
-    /// Whether arenas lend from a growable block's free tail only when no other free chunk fits:
-    /// with expandable segments, except under `HoldPeakInUse` (which does not grow blocks).
-    fn keeps_tail_last(&self) -> bool {
-        self.shared.expandable.load(Ordering::Relaxed) && self.growth_policy() != GrowthPolicy::HoldPeakInUse
     }
 
     /// Whether expandable segments are on.
@@ -983,13 +974,27 @@ impl<R: RawAllocator> Pool<R> {
         let map = self.arenas.lock();
         self.shared.policy.store(policy as u8, Ordering::Relaxed);
         for arena in map.values() {
-            let mut st = arena.state.lock();
-            st.bounded_split = policy == GrowthPolicy::HoldPeakInUse;
-            // An arena's chunks keep the class they were filed under; only its new blocks follow
-            // the new setting (a chunk's class is its block's, fixed when the block came).
-            st.segmented = policy == GrowthPolicy::Segments;
-            st.set_keep_tail_last(self.keeps_tail_last());
+            self.configure(&mut arena.state.lock());
         }
+    }
+
+    /// Sets an arena's rules from the growth policy and expandable segments. Whether it keeps
+    /// small and large requests apart changes only while it holds no block: its chunks keep the
+    /// free index they were filed under, and a request looks in the index of the arena's
+    /// setting, so changing it under live blocks would leave their free chunks unreachable.
+    fn configure(&self, st: &mut ArenaState<R::Block>) {
+        let policy = self.growth_policy();
+        let expandable = self.shared.expandable.load(Ordering::Relaxed);
+        st.bounded_split = policy == GrowthPolicy::HoldPeakInUse;
+        // Small and large requests apart keep a small tensor from pinning a large block that
+        // could be released; a growing block releases only its free tail, which any live chunk
+        // before it pins, so with expandable segments all sizes share one growing block
+        // (`policy`'s docs give what it measured).
+        if st.holds_no_block() {
+            st.segmented = policy == GrowthPolicy::Segments && !expandable;
+        }
+        // `HoldPeakInUse` does not grow blocks in place.
+        st.set_keep_tail_last(expandable && policy != GrowthPolicy::HoldPeakInUse);
     }
 
     /// How the pool grows.

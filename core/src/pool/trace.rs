@@ -94,6 +94,21 @@ pub fn standard_random() -> Vec<Step> {
     random(20_261_130, 20_000, 0.52, 256.0 * 1024.0, 2.0, 256 << 20, 4)
 }
 
+/// `steps` with every allocation on stream 0: the same sizes in the same order, with no stream's
+/// arena kept apart from another's. Several streams' arenas never share memory, so a trace
+/// spread over streams holds at least the sum of each stream's own peak; this one measures the
+/// allocator's fragmentation alone.
+#[must_use]
+pub fn on_one_stream(steps: &[Step]) -> Vec<Step> {
+    steps
+        .iter()
+        .map(|s| match *s {
+            Step::Alloc { id, size, .. } => Step::Alloc { id, size, stream: 0 },
+            free => free,
+        })
+        .collect()
+}
+
 /// A synthetic training loop, shaped like a transformer's: `layers` layers of width `hidden`
 /// (parameters allocated once, before the first step), then `steps` steps of a forward pass that
 /// keeps each layer's activations (and frees its temporaries at once), a backward pass that frees
