@@ -296,38 +296,6 @@ fn allocation(report: &mut Report) {
     }
 }
 
-/// The CPUs the thread rows pin their threads to, in order, when `GPUMEM_BENCH_PIN=1`: one
-/// logical CPU of each physical core first (by `/sys`'s topology), then their siblings, so `n`
-/// threads run on `n` different cores while there are that many. Empty when pinning is off.
-/// The loop sharing nothing is pinned the same way, so the two scale on the same CPUs.
-fn pin_order() -> Vec<core_affinity::CoreId> {
-    match std::env::var("GPUMEM_BENCH_PIN").as_deref() {
-        Err(_) | Ok("0") => return Vec::new(),
-        Ok("1") => {}
-        Ok(other) => panic!("GPUMEM_BENCH_PIN must be 0 or 1, not {other:?}"),
-    }
-    let ids = core_affinity::get_core_ids().expect("the CPUs this process may run on");
-    let topology = |cpu: usize, what: &str| {
-        std::fs::read_to_string(format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}"))
-            .ok()
-            .and_then(|t| t.trim().parse::<usize>().ok())
-            .unwrap_or(cpu)
-    };
-    // (sibling rank within its core, package, core, cpu): rank 0 of every core sorts first.
-    let mut seen: HashMap<(usize, usize), usize> = HashMap::new();
-    let mut keyed: Vec<(usize, usize, usize, core_affinity::CoreId)> = ids
-        .into_iter()
-        .map(|id| {
-            let core = (topology(id.id, "physical_package_id"), topology(id.id, "core_id"));
-            let rank = seen.entry(core).or_insert(0);
-            *rank += 1;
-            (*rank - 1, core.0, core.1, id)
-        })
-        .collect();
-    keyed.sort_by_key(|&(rank, package, core, id)| (rank, package, core, id.id));
-    keyed.into_iter().map(|k| k.3).collect()
-}
-
 /// Aggregate operations per second (millions) of `threads` threads, each on its own
 /// non-blocking stream (or all on the null stream, the default, with `own_stream` false): `run`
 /// does `iters` operations on the calling thread.
@@ -339,15 +307,10 @@ fn threads_rate(
 ) -> f64 {
     let run = Arc::new(run);
     let start = Arc::new(Barrier::new(threads + 1));
-    let pins = pin_order();
     let handles: Vec<_> = (0..threads)
-        .map(|i| {
+        .map(|_| {
             let (run, start) = (Arc::clone(&run), Arc::clone(&start));
-            let pin = (!pins.is_empty()).then(|| pins[i % pins.len()]);
             std::thread::spawn(move || {
-                if let Some(cpu) = pin {
-                    assert!(core_affinity::set_for_current(cpu), "pin a thread to CPU {}", cpu.id);
-                }
                 let stream = own_stream.then(|| Stream::non_blocking().unwrap());
                 let _g = stream.as_ref().map(|s| s.enter().unwrap());
                 run(stream.as_ref(), iters / 10);
