@@ -84,6 +84,24 @@ double threads_rate(int64_t threads, int64_t iters) {
 """
 
 
+# The CPU of the single-thread anchors, the same as the benchmark's allocation rows (see
+# `bench_cpu` in benches/gpu.rs: this machine's CPUs run the same code at different speeds).
+BENCH_CPU = int(os.environ.get("GPUMEM_BENCH_CPU", "3"))
+
+
+class on_bench_cpu:
+    """Pins the calling thread to BENCH_CPU for the `with` block (unpinned where it does not
+    exist), and gives it back every CPU it had after."""
+
+    def __enter__(self):
+        self.allowed = os.sched_getaffinity(0)
+        if BENCH_CPU in self.allowed:
+            os.sched_setaffinity(0, {BENCH_CPU})
+
+    def __exit__(self, *exc):
+        os.sched_setaffinity(0, self.allowed)
+
+
 def median_of(rounds, f):
     return statistics.median(f() for _ in range(rounds))
 
@@ -98,8 +116,9 @@ def torch_cpp(out):
         verbose=False,
     )
     torch.zeros(1, device="cuda")
-    for size in SIZES:
-        out[f"torch_cpp_ns_{size}"] = ext.ns_per_pair(size, 200_000)
+    with on_bench_cpu():
+        for size in SIZES:
+            out[f"torch_cpp_ns_{size}"] = ext.ns_per_pair(size, 200_000)
     for n in (1, 4, 8):
         out[f"torch_cpp_threads_{n}"] = ext.threads_rate(n, 200_000)
 
@@ -120,7 +139,8 @@ def cupy_alloc(out):
                 del m
             return (time.perf_counter() - t) / n * 1e9
 
-        out[f"cupy_ns_{size}"] = median_of(5, one_round)
+        with on_bench_cpu():
+            out[f"cupy_ns_{size}"] = median_of(5, one_round)
 
     for threads in (1, 4, 8):
         n = 50_000

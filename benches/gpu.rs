@@ -3,8 +3,11 @@
 //! Each row has gpumem's figure, the anchor's figure from the same run, and their ratio. The
 //! anchors that run in this program go through the same backend's raw calls (`cuMemAllocAsync`,
 //! `cuMemAlloc`, `cuMemcpyAsync`, captured driver calls). PyTorch's and CuPy's figures come from
-//! `bench/anchors.py` and `bench/torch_alloc.cpp`, run just before on the same machine; point
-//! `GPUMEM_BENCH_DIR` at the folder they wrote (`bench/run-gpu.sh` does all of it).
+//! `bench/anchors.py` (PyTorch's C++ allocator through an inline extension), run just before on
+//! the same machine; point
+//! `GPUMEM_BENCH_DIR` at the folder they wrote (`bench/run-gpu.sh` does all of it). The
+//! single-thread allocation rows and those anchors run on one CPU, `GPUMEM_BENCH_CPU` (3 unless
+//! set), as CPUs differ in speed; `GPUMEM_BENCH_ONLY=allocation,threads,...` runs some sections.
 //!
 //! ```text
 //! cargo bench --features cuda --bench gpu                  # on an NVIDIA GPU
@@ -164,8 +167,40 @@ fn dev() -> DeviceId {
 
 const SIZES: [(&str, usize); 3] = [("512 B", 512), ("1 MiB", 1 << 20), ("64 MiB", 64 << 20)];
 
+/// The CPU the single-thread allocation rows run on, and `bench/anchors.py` runs PyTorch's and
+/// CuPy's single-thread anchors on: `GPUMEM_BENCH_CPU`, 3 unless set. The GPU machine's CPUs run
+/// the same code at different speeds (the same cache hit took 38 to 55 ns on four of them in one
+/// call), so a ratio between two processes left on different CPUs would measure the CPUs.
+fn bench_cpu() -> usize {
+    match std::env::var("GPUMEM_BENCH_CPU") {
+        Err(_) => 3,
+        Ok(v) => {
+            v.trim().parse().unwrap_or_else(|_| panic!("GPUMEM_BENCH_CPU must be a CPU number, not {v:?}"))
+        }
+    }
+}
+
+/// Runs `f` on a thread pinned to [`bench_cpu`] (on the calling thread, unpinned, where that
+/// CPU does not exist, as on a small host machine).
+fn on_bench_cpu<T: Send>(f: impl FnOnce() -> T + Send) -> T {
+    let cpu = bench_cpu();
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    let Some(&id) = ids.iter().find(|c| c.id == cpu) else {
+        eprintln!("  (CPU {cpu} is not available here: not pinned)");
+        return f();
+    };
+    std::thread::scope(|s| {
+        s.spawn(move || {
+            assert!(core_affinity::set_for_current(id), "pin to CPU {cpu}");
+            f()
+        })
+        .join()
+        .expect("the pinned run")
+    })
+}
+
 fn allocation(report: &mut Report) {
-    eprintln!("allocate + free, cache hit (ns per pair)");
+    eprintln!("allocate + free, cache hit (ns per pair), on CPU {}", bench_cpu());
     let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
     let stream = Stream::non_blocking().unwrap();
     let _g = stream.enter().unwrap();
@@ -1236,7 +1271,7 @@ fn main() {
     let run = |name: &str| only.as_deref().is_none_or(|o| o.split(',').any(|x| x == name));
     let started = Instant::now();
     if run("allocation") {
-        allocation(&mut report);
+        on_bench_cpu(|| allocation(&mut report));
     }
     if run("threads") {
         threads(&mut report);
