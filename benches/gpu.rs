@@ -4,10 +4,10 @@
 //! anchors that run in this program go through the same backend's raw calls (`cuMemAllocAsync`,
 //! `cuMemAlloc`, `cuMemcpyAsync`, captured driver calls). PyTorch's and CuPy's figures come from
 //! `bench/anchors.py` (PyTorch's C++ allocator through an inline extension), run just before on
-//! the same machine; point
-//! `GPUMEM_BENCH_DIR` at the folder they wrote (`bench/run-gpu.sh` does all of it). The
-//! single-thread allocation rows and those anchors run on one CPU, `GPUMEM_BENCH_CPU` (3 unless
-//! set), as CPUs differ in speed; `GPUMEM_BENCH_ONLY=allocation,threads,...` runs some sections.
+//! the same machine; point `GPUMEM_BENCH_DIR` at the folder they wrote (`bench/run-gpu.sh` does
+//! all of it). The single-thread allocation rows and those anchors run on one CPU,
+//! `GPUMEM_BENCH_CPU` (3 unless set), as CPUs differ in speed; `GPUMEM_BENCH_ONLY=allocation,...`
+//! runs only the sections named.
 //!
 //! ```text
 //! cargo bench --features cuda --bench gpu                  # on an NVIDIA GPU
