@@ -39,9 +39,6 @@ pub enum Error {
     /// The pool failed during a replay.
     #[error("replay: {0}")]
     Pool(#[from] gpumem::Error),
-    /// An option the user asked for that this build does not have.
-    #[error("{0}")]
-    Unavailable(String),
     /// The command line could not be parsed: clap's rendered message, and whether it is an
     /// error (`false` for `--help` and `--version`).
     #[error("{0}")]

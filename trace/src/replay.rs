@@ -7,6 +7,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use gpumem::core::pool::trace as pool_trace;
 use gpumem::core::{SingleDeviceMemoryPool, Stream};
 use gpumem::host::Host;
 use gpumem::{BaseMemory, DeviceId, GrowthPolicy, RawAllocator, RawBlock, Runtime};
@@ -14,10 +15,6 @@ use serde::Serialize;
 
 use crate::analysis::Timeline;
 use crate::error::{Error, Result};
-
-/// Whether this build's pool can map memory into expandable segments. It cannot yet: asking for
-/// them is an [`Error::Unavailable`].
-pub const EXPANDABLE_SEGMENTS: bool = false;
 
 /// Every growth policy of the pool, in declaration order.
 pub const POLICIES: [GrowthPolicy; 4] = [
@@ -132,35 +129,52 @@ pub struct ReplayResult {
 /// What to replay with.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct ReplayOptions {
-    /// Map memory into expandable segments instead of allocating fixed blocks.
+    /// Grow blocks in place, as expandable segments do, instead of allocating fixed blocks.
     pub expandable: bool,
 }
 
 /// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
-/// a trace whose peak exceeds this machine's memory still replays).
+/// a trace whose peak exceeds this machine's memory still replays); with `expandable`, through
+/// [`replay_expandable`].
 ///
 /// # Errors
 ///
-/// [`Error::Unavailable`] for `expandable` (see [`EXPANDABLE_SEGMENTS`]); [`Error::Pool`] if the
-/// pool fails (out of host memory, or `GPUMEM_GPU_MEMORY_LIMIT` below the trace's needs).
+/// [`Error::Pool`] if the pool fails (out of host memory, or `GPUMEM_GPU_MEMORY_LIMIT` below
+/// the trace's needs).
 pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
-    check_options(options)?;
+    if options.expandable {
+        return replay_expandable(steps, policy);
+    }
     replay_on::<Host, _>(steps, policy, 0, UntouchedHostMemory, &mut |_| {})
 }
 
-/// Checks that this build can replay with `options`.
+/// Replays `steps` through the pool's own rules with expandable segments, on a raw allocator
+/// that hands out address ranges without memory behind them and grows a block in place in 2
+/// MiB granules (the pool's `trace::replay_expandable`): each growth counts as a raw
+/// allocation and each shrink as a raw free, as PyTorch counts its expandable segments' maps
+/// and unmaps. Each stream of the trace is an arena of its own, as in [`replay_on`].
 ///
 /// # Errors
 ///
-/// As [`replay`].
-pub fn check_options(options: ReplayOptions) -> Result<()> {
-    if options.expandable && !EXPANDABLE_SEGMENTS {
-        return Err(Error::Unavailable(
-            "--expandable: expandable segments are not available in this build (gpumem's pool allocates fixed blocks)"
-                .into(),
-        ));
-    }
-    Ok(())
+/// [`Error::Pool`] if the pool fails.
+pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayResult> {
+    let steps: Vec<pool_trace::Step> = steps
+        .iter()
+        .map(|s| match *s {
+            Step::Alloc { id, size, stream } => pool_trace::Step::Alloc { id: id as u64, size, stream },
+            Step::Free { id } => pool_trace::Step::Free { id: id as u64 },
+        })
+        .collect();
+    let r = pool_trace::replay_expandable(&steps, policy)?;
+    let (peak_held, peak_in_use) = (r.peak_held as u64, r.peak_in_use as u64);
+    Ok(ReplayResult {
+        policy: policy_name(policy),
+        peak_held,
+        peak_in_use,
+        ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
+        raw_allocs: r.raw_allocs as u64,
+        raw_frees: r.raw_frees as u64,
+    })
 }
 
 /// Replays `steps` through a pool of backend `B` on `device`, whose raw memory comes from
@@ -389,8 +403,8 @@ mod tests {
     }
 
     #[test]
-    fn expandable_is_refused_clearly() {
-        let e = replay(&[], GrowthPolicy::HoldPeakInUse, ReplayOptions { expandable: true }).unwrap_err();
-        assert!(e.to_string().contains("not available in this build"), "{e}");
+    fn an_empty_trace_replays_with_expandable_segments_too() {
+        let r = replay(&[], GrowthPolicy::HoldPeakInUse, ReplayOptions { expandable: true }).unwrap();
+        assert_eq!((r.peak_held, r.peak_in_use, r.ratio, r.raw_allocs), (0, 0, 0.0, 0));
     }
 }

@@ -226,11 +226,32 @@ fn a_trace_from_the_file_format_replays_like_its_steps() {
 }
 
 #[test]
+fn an_expandable_replay_grows_one_block_where_fixed_blocks_cannot_merge() {
+    const MIB: usize = 1 << 20;
+    // Two 30 MiB allocations freed, then one of 60 MiB: fixed blocks cannot merge, a growing
+    // block can.
+    let steps = [
+        Step::Alloc { id: 0, size: 30 * MIB, stream: 0 },
+        Step::Alloc { id: 1, size: 30 * MIB, stream: 0 },
+        Step::Free { id: 0 },
+        Step::Free { id: 1 },
+        Step::Alloc { id: 2, size: 60 * MIB, stream: 0 },
+    ];
+    let policy = GrowthPolicy::CacheUntilOutOfMemory;
+    let fixed = replay::replay(&steps, policy, ReplayOptions::default()).unwrap();
+    assert_eq!((fixed.peak_held, fixed.raw_allocs), (120 * MIB as u64, 3));
+    let grown = replay::replay(&steps, policy, ReplayOptions { expandable: true }).unwrap();
+    assert_eq!((grown.peak_held, grown.raw_allocs, grown.raw_frees), (60 * MIB as u64, 2, 0));
+    assert_eq!(grown.peak_in_use, 60 * MIB as u64);
+}
+
+#[test]
 fn bad_options_are_clear_errors() {
     let sample_path = tmp("cupy-sample-options.jsonl");
     std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
     let sample = sample_path.to_str().unwrap();
-    assert!(tool_error(&["replay", "--expandable", sample]).contains("not available in this build"));
+    // Expandable segments replay every policy (they were refused before the pool had them).
+    assert!(tool(&["replay", "--expandable", sample]).contains("hold-peak-in-use"));
     assert!(tool_error(&["replay", "--policy", "lru", sample]).contains("unknown policy \"lru\""));
     assert!(tool_error(&["stats", "/nonexistent/trace"]).contains("/nonexistent/trace"));
     assert!(tool_error(&["import", "--from", "matlab", sample, "-o", "-"]).contains("matlab"));
