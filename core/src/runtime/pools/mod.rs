@@ -253,6 +253,17 @@ where
     /// Everything but the cache hit (see [`Pool::malloc`]).
     #[inline(never)]
     fn malloc_pooled_slow(&self, size: usize) -> Result<PooledMemory<A>> {
+        if crate::hooks::active() {
+            // The hit was not tried: straight to the hooked allocation, which tries it between
+            // the hooks. Its error comes boxed, so that the chunk is all that moves on a hit.
+            let result =
+                B::thread_state().try_with(|ts| self.pool.malloc_hooked(size, ts.arena_key(), &ts.arenas));
+            match result {
+                Ok(Ok(p)) => return Ok(p),
+                Ok(Err(e)) => return Err(e.into()),
+                Err(_) => return self.malloc_at_thread_exit(size),
+            }
+        }
         let result =
             B::thread_state().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
         match result {
