@@ -368,6 +368,19 @@ impl<R: RawAllocator> Pool<R> {
         if hooks::active() {
             return None;
         }
+        self.try_hit_unhooked(size, key, cache)
+    }
+
+    /// [`Pool::try_hit`] for a caller that has found no hook installed ([`hooks::active`]) on
+    /// this thread: the runtime checks before its thread-local access, so that a hooked
+    /// allocation goes to [`Pool::malloc_hooked`] without making that access twice.
+    #[inline(always)]
+    pub(crate) fn try_hit_unhooked(
+        &self,
+        size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Option<PooledMemory<R>> {
         let mem_size = round_size(size).filter(|&n| n > 0)?;
         self.take_cached(size, mem_size, key, cache)
     }
@@ -436,7 +449,7 @@ impl<R: RawAllocator> Pool<R> {
     /// # Errors
     ///
     /// As [`Pool::malloc`].
-    #[inline(never)]
+    #[inline(always)]
     pub(crate) fn malloc_hooked(
         &self,
         size: usize,
