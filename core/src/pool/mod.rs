@@ -1225,7 +1225,7 @@ impl<R: RawAllocator> PooledMemory<R> {
                 give_back(arena, self.slot);
                 Ok(())
             }
-            Some(arena) => Ok(self.free_hooked(arena, None)?),
+            Some(arena) => Ok(self.free_hooked(arena)?),
         }
     }
 
@@ -1242,20 +1242,46 @@ impl<R: RawAllocator> PooledMemory<R> {
                 release_fenced(arena, self.slot, fence);
                 Ok(())
             }
-            Some(arena) => Ok(self.free_hooked(arena, Some(fence))?),
+            Some(arena) => Ok(self.free_hooked_after(arena, fence)?),
         }
     }
 
-    /// Returns the chunk between the free hooks. Without a free pre-hook on the thread (the
-    /// common case: DebugPrintHook and recorders implement only the post callbacks) the chunk
-    /// goes back at once, with no guard to build and drop.
+    /// Returns the chunk now between the free hooks (see [`PooledMemory::free_hooked_behind`]).
     ///
     /// # Errors
     ///
     /// The first error a free hook returned; the chunk is back in the pool either way.
     #[cold]
     #[inline(never)]
-    fn free_hooked(&self, arena: ArenaRef<Arena<R>>, fence: Option<Box<dyn Fence>>) -> Result<(), Failed> {
+    fn free_hooked(&self, arena: ArenaRef<Arena<R>>) -> Result<(), Failed> {
+        self.free_hooked_behind(arena, None)
+    }
+
+    /// [`PooledMemory::free_hooked`] behind a fence.
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned; the chunk is released behind the fence either way.
+    #[cold]
+    #[inline(never)]
+    fn free_hooked_after(&self, arena: ArenaRef<Arena<R>>, fence: Box<dyn Fence>) -> Result<(), Failed> {
+        self.free_hooked_behind(arena, Some(fence))
+    }
+
+    /// Returns the chunk between the free hooks, behind `fence` if any. Without a free pre-hook
+    /// on the thread (the common case: DebugPrintHook and recorders implement only the post
+    /// callbacks) the chunk goes back at once, with no guard to build and drop. Inlined into
+    /// its two callers, so that the one without a fence has no fence to test.
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned; the chunk is back in the pool either way.
+    #[inline(always)]
+    fn free_hooked_behind(
+        &self,
+        arena: ArenaRef<Arena<R>>,
+        fence: Option<Box<dyn Fence>>,
+    ) -> Result<(), Failed> {
         let a = arena.get();
         let event = FreeEvent {
             device_id: self.device,
@@ -1366,7 +1392,7 @@ impl<R: RawAllocator> Drop for PooledMemory<R> {
             if hooks::active() {
                 // A hook's error cannot be returned from `drop`; `free()` reports it, and the
                 // hooks' own error slot records it (see `hooks::take_drop_error`).
-                if let Err(e) = self.free_hooked(arena, None) {
+                if let Err(e) = self.free_hooked(arena) {
                     hooks::record_drop_error(e.into());
                 }
             } else {
