@@ -10,6 +10,25 @@ use std::fmt;
 /// The result type of every fallible gpumem operation.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// An [`Error`] boxed to one word, for internal paths that return a chunk or an error: an
+/// `Error` is many words, and a `Result` carrying one is moved whole at every return even when it
+/// holds the chunk. `?` turns it back into the [`Error`] inside.
+pub(crate) struct BoxedError(Box<Error>);
+
+impl From<Error> for BoxedError {
+    #[cold]
+    fn from(error: Error) -> Self {
+        BoxedError(Box::new(error))
+    }
+}
+
+impl From<BoxedError> for Error {
+    #[cold]
+    fn from(boxed: BoxedError) -> Self {
+        *boxed.0
+    }
+}
+
 /// The error a hook returns to stop an operation.
 pub type HookError = Box<dyn std::error::Error + Send + Sync + 'static>;
 

@@ -40,7 +40,7 @@ use std::ops::Deref;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use crate::error::{Error, HookError, Result};
+use crate::error::{BoxedError, Error, HookError, Result};
 use crate::hal::{DeviceId, DevicePtr};
 
 /// What the alloc hooks receive (the arguments CuPy passes them). `mem_ptr` is 0 in `alloc_preprocess` and after
@@ -293,12 +293,22 @@ pub fn active() -> bool {
     state != 0 && (state & OBSERVED != 0 || WANTED.try_with(Cell::get).unwrap_or(0) != 0)
 }
 
+/// A hook's error on its way out of the pool, boxed: a dispatch returns one word, so that the
+/// pool's hooked paths move an [`Error`] (many words) only when a hook failed.
+pub(crate) type Failed = BoxedError;
+
+/// Whether any hook of the calling thread implements `phase` (one thread-local load).
+#[inline]
+pub(crate) fn wants(phase: Phase) -> bool {
+    WANTED.try_with(Cell::get).unwrap_or(0) & phase.0 .0 != 0
+}
+
 /// Calls `call` on every hook of the calling thread in registration order; stops at the first
 /// error. Hooks may install or remove hooks, or allocate, from inside a callback: the registry is
 /// not borrowed while a hook runs, and this call goes on with the hooks installed when it began.
 #[inline]
-pub(crate) fn fire(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
-    if WANTED.try_with(Cell::get).unwrap_or(0) & phase.0 .0 == 0 {
+pub(crate) fn fire(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<(), Failed> {
+    if !wants(phase) {
         return Ok(());
     }
     fire_hooks(phase, call)
@@ -306,7 +316,7 @@ pub(crate) fn fire(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -
 
 /// [`fire`] past the check: one thread-local access and one reference count for the whole list.
 #[inline]
-fn fire_hooks(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<()> {
+pub(crate) fn fire_hooks(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<(), Failed> {
     let Some(list) = HOOKS.try_with(|h| h.hooks.borrow().clone()).ok().flatten() else { return Ok(()) };
     for e in list.iter() {
         if e.wanted & phase.0 .0 == 0 {
@@ -321,8 +331,8 @@ fn fire_hooks(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Res
 
 #[cold]
 #[inline(never)]
-fn hook_error(hook: &dyn MemoryHook, phase: &'static str, source: HookError) -> Error {
-    Error::Hook { hook: hook.name().to_owned(), phase, source: source.into() }
+fn hook_error(hook: &dyn MemoryHook, phase: &'static str, source: HookError) -> Failed {
+    Error::Hook { hook: hook.name().to_owned(), phase, source: source.into() }.into()
 }
 
 /// Installs `hook` on the calling thread until the returned guard is dropped.
@@ -525,6 +535,15 @@ pub fn observed() -> bool {
 pub(crate) fn observe(event: Observed, arena: u64) {
     if observed() {
         observe_all(event, arena);
+    }
+}
+
+/// [`observe`] of the event `event` makes, made only when an observer is installed: the hooked
+/// paths otherwise build the event (a copy of the hooks' event) before the check, for nothing.
+#[inline(always)]
+pub(crate) fn observe_with(event: impl FnOnce() -> Observed, arena: u64) {
+    if observed() {
+        observe_all(event(), arena);
     }
 }
 

@@ -52,9 +52,9 @@ use std::sync::Arc;
 
 use parking_lot::Mutex;
 
-use crate::error::{Error, Result};
+use crate::error::{BoxedError, Error, Result};
 use crate::hal::types::{DeviceId, DevicePtr};
-use crate::hooks::{self, AllocEvent, FreeEvent, MallocEvent, Observed};
+use crate::hooks::{self, AllocEvent, Failed, FreeEvent, MallocEvent, Observed};
 
 use arena::{ArenaState, Lent};
 pub use limit::{Limit, LIMIT_ENV};
@@ -371,6 +371,19 @@ impl<R: RawAllocator> Pool<R> {
         if hooks::active() {
             return None;
         }
+        self.try_hit_unhooked(size, key, cache)
+    }
+
+    /// [`Pool::try_hit`] for a caller that has found no hook installed ([`hooks::active`]) on
+    /// this thread: the runtime checks before its thread-local access, so that a hooked
+    /// allocation goes to [`Pool::malloc_hooked`] without making that access twice.
+    #[inline(always)]
+    pub(crate) fn try_hit_unhooked(
+        &self,
+        size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Option<PooledMemory<R>> {
         let mem_size = round_size(size).filter(|&n| n > 0)?;
         self.take_cached(size, mem_size, key, cache)
     }
@@ -419,10 +432,10 @@ impl<R: RawAllocator> Pool<R> {
         key: ArenaKey,
         cache: &ArenaCache,
     ) -> Result<PooledMemory<R>> {
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if hooks::active() {
-            return self.malloc_hooked(size, mem_size, key, cache);
+            return Ok(self.malloc_hooked(size, key, cache)?);
         }
+        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
@@ -430,46 +443,58 @@ impl<R: RawAllocator> Pool<R> {
         self.lend_slow(size, mem_size, key, cache, false)
     }
 
-    #[cold]
-    fn malloc_hooked(
+    /// [`Pool::malloc`] with hooks installed on the calling thread (the caller has checked
+    /// [`hooks::active`]): a pool allocation between the malloc hooks. The cache hit is written
+    /// out here, apart from the miss: on a hit the chunk goes straight into the returned `Ok`,
+    /// and no `Result` of the lend (an [`Error`] is many words) is built and moved; the error
+    /// comes boxed, for the same reason.
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::malloc`].
+    #[inline(always)]
+    pub(crate) fn malloc_hooked(
         &self,
         size: usize,
-        mem_size: usize,
         key: ArenaKey,
         cache: &ArenaCache,
-    ) -> Result<PooledMemory<R>> {
-        let device_id = self.shared.device;
-        let pre = MallocEvent { device_id, size, mem_size, mem_ptr: 0, pmem_id: 0 };
+    ) -> Result<PooledMemory<R>, BoxedError> {
+        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let pre = MallocEvent { device_id: self.shared.device, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire(hooks::MALLOC_PREPROCESS, |h| h.malloc_preprocess(&pre))?;
-        let result = self.lend_hooked(size, mem_size, key, cache);
+        // A hooked allocation has not looked in the cached arena yet.
+        let hit = if mem_size == 0 { None } else { self.take_cached(size, mem_size, key, cache) };
+        let Some(p) = hit else { return self.malloc_hooked_miss(pre, key, cache) };
+        let post = MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre };
+        hooks::observe_with(|| Observed::Malloc(post), key.raw());
+        // On a post-hook error the chunk is dropped here, so it goes back (firing the free hooks,
+        // as in CuPy) and nothing leaks.
+        hooks::fire(hooks::MALLOC_POSTPROCESS, |h| h.malloc_postprocess(&post))?;
+        Ok(p)
+    }
+
+    /// [`Pool::malloc_hooked`] past its malloc pre-hooks when the cached arena had no chunk (or
+    /// the size is 0): the miss path, then the post-hooks, also when the allocation failed.
+    #[cold]
+    #[inline(never)]
+    fn malloc_hooked_miss(
+        &self,
+        pre: MallocEvent,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Result<PooledMemory<R>, BoxedError> {
+        let result = if pre.mem_size == 0 {
+            Ok(PooledMemory::empty(self.shared.device))
+        } else {
+            self.lend_slow(pre.size, pre.mem_size, key, cache, true)
+        };
         let post = match &result {
             Ok(p) => MallocEvent { mem_ptr: p.ptr, pmem_id: p.pmem_id(), ..pre },
             Err(_) => pre,
         };
-        hooks::observe(Observed::Malloc(post), key.raw());
-        // On a post-hook error the allocation is dropped here, so the chunk goes back (firing the
-        // free hooks, as in CuPy) and nothing leaks.
+        hooks::observe_with(|| Observed::Malloc(post), key.raw());
         hooks::fire(hooks::MALLOC_POSTPROCESS, |h| h.malloc_postprocess(&post))?;
-        result
-    }
-
-    /// Lends a chunk of `mem_size` (`size` rounded) bytes from arena `key` between the hooks:
-    /// the cached arena first (a hooked allocation has not tried it), then the miss path.
-    #[inline]
-    fn lend_hooked(
-        &self,
-        size: usize,
-        mem_size: usize,
-        key: ArenaKey,
-        cache: &ArenaCache,
-    ) -> Result<PooledMemory<R>> {
-        if mem_size == 0 {
-            return Ok(PooledMemory::empty(self.shared.device));
-        }
-        match self.take_cached(size, mem_size, key, cache) {
-            Some(p) => Ok(p),
-            None => self.lend_slow(size, mem_size, key, cache, true),
-        }
+        Ok(result?)
     }
 
     #[cold]
@@ -1224,7 +1249,7 @@ impl<R: RawAllocator> PooledMemory<R> {
                 give_back(arena, self.slot);
                 Ok(())
             }
-            Some(arena) => self.free_hooked(arena, None),
+            Some(arena) => Ok(self.free_hooked(arena)?),
         }
     }
 
@@ -1241,24 +1266,68 @@ impl<R: RawAllocator> PooledMemory<R> {
                 release_fenced(arena, self.slot, fence);
                 Ok(())
             }
-            Some(arena) => self.free_hooked(arena, Some(fence)),
+            Some(arena) => Ok(self.free_hooked_after(arena, fence)?),
         }
     }
 
+    /// Returns the chunk now between the free hooks (see [`PooledMemory::free_hooked_behind`]).
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned; the chunk is back in the pool either way.
     #[cold]
-    fn free_hooked(&self, arena: ArenaRef<Arena<R>>, fence: Option<Box<dyn Fence>>) -> Result<()> {
+    #[inline(never)]
+    fn free_hooked(&self, arena: ArenaRef<Arena<R>>) -> Result<(), Failed> {
+        self.free_hooked_behind(arena, None)
+    }
+
+    /// [`PooledMemory::free_hooked`] behind a fence.
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned; the chunk is released behind the fence either way.
+    #[cold]
+    #[inline(never)]
+    fn free_hooked_after(&self, arena: ArenaRef<Arena<R>>, fence: Box<dyn Fence>) -> Result<(), Failed> {
+        self.free_hooked_behind(arena, Some(fence))
+    }
+
+    /// Returns the chunk between the free hooks, behind `fence` if any. Without a free pre-hook
+    /// on the thread (the common case: DebugPrintHook and recorders implement only the post
+    /// callbacks) the chunk goes back at once, with no guard to build and drop. Inlined into
+    /// its two callers, so that the one without a fence has no fence to test.
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned; the chunk is back in the pool either way.
+    #[inline(always)]
+    fn free_hooked_behind(
+        &self,
+        arena: ArenaRef<Arena<R>>,
+        fence: Option<Box<dyn Fence>>,
+    ) -> Result<(), Failed> {
+        let a = arena.get();
         let event = FreeEvent {
             device_id: self.device,
             mem_size: self.size,
             mem_ptr: self.ptr,
-            pmem_id: pmem_id_of(arena.get(), self.slot),
+            pmem_id: pmem_id_of(a, self.slot),
         };
-        // The guard returns the chunk even if a pre-hook fails or panics.
-        let guard = GiveBackOnDrop(Some((arena, self.slot, fence)));
-        let pre = hooks::fire(hooks::FREE_PREPROCESS, |h| h.free_preprocess(&event));
-        let key = guard.0.as_ref().map_or(ArenaKey::UNSET, |(a, _, _)| a.get().key);
-        drop(guard);
-        hooks::observe(Observed::Free(event), key.raw());
+        let key = a.key;
+        let pre = if hooks::wants(hooks::FREE_PREPROCESS) {
+            // The guard returns the chunk even if a pre-hook fails or panics.
+            let guard = GiveBackOnDrop(Some((arena, self.slot, fence)));
+            let pre = hooks::fire_hooks(hooks::FREE_PREPROCESS, |h| h.free_preprocess(&event));
+            drop(guard);
+            pre
+        } else {
+            match fence {
+                None => give_back(arena, self.slot),
+                Some(fence) => release_fenced(arena, self.slot, fence),
+            }
+            Ok(())
+        };
+        hooks::observe_with(|| Observed::Free(event), key.raw());
         let post = hooks::fire(hooks::FREE_POSTPROCESS, |h| h.free_postprocess(&event));
         pre.and(post)
     }
@@ -1347,8 +1416,8 @@ impl<R: RawAllocator> Drop for PooledMemory<R> {
             if hooks::active() {
                 // A hook's error cannot be returned from `drop`; `free()` reports it, and the
                 // hooks' own error slot records it (see `hooks::take_drop_error`).
-                if let Err(e) = self.free_hooked(arena, None) {
-                    hooks::record_drop_error(e);
+                if let Err(e) = self.free_hooked(arena) {
+                    hooks::record_drop_error(e.into());
                 }
             } else {
                 give_back(arena, self.slot);

@@ -243,16 +243,40 @@ where
         // The cache hit returns a chunk alone, not a `Result`: an error is many words larger than
         // a chunk, and moving one through the thread-local access cost the hit a tenth of its
         // instructions.
-        let hit = B::thread_state().try_with(|ts| self.pool.try_hit(size, ts.arena_key(), &ts.arenas));
+        // Hooks are checked before the thread-local access, not inside it as `try_hit` would:
+        // a hooked allocation then makes that access once, in `malloc_pooled_hooked`.
+        if crate::hooks::active() {
+            return self.malloc_pooled_hooked(size);
+        }
+        let hit =
+            B::thread_state().try_with(|ts| self.pool.try_hit_unhooked(size, ts.arena_key(), &ts.arenas));
         match hit {
             Ok(Some(p)) => Ok(p),
             _ => self.malloc_pooled_slow(size),
         }
     }
 
+    /// [`SingleDeviceMemoryPool::malloc_pooled`] with hooks installed on this thread: the hit is
+    /// tried between the hooks. The error comes out of the thread-local access boxed, so that
+    /// the chunk is all that moves on a hit.
+    #[inline(never)]
+    fn malloc_pooled_hooked(&self, size: usize) -> Result<PooledMemory<A>> {
+        let result =
+            B::thread_state().try_with(|ts| self.pool.malloc_hooked(size, ts.arena_key(), &ts.arenas));
+        match result {
+            Ok(Ok(p)) => Ok(p),
+            Ok(Err(e)) => Err(e.into()),
+            Err(_) => self.malloc_at_thread_exit(size),
+        }
+    }
+
     /// Everything but the cache hit (see [`Pool::malloc`]).
     #[inline(never)]
     fn malloc_pooled_slow(&self, size: usize) -> Result<PooledMemory<A>> {
+        if crate::hooks::active() {
+            // The hit was not tried (`malloc` tries it only without hooks).
+            return self.malloc_pooled_hooked(size);
+        }
         let result =
             B::thread_state().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
         match result {
