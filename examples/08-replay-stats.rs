@@ -22,7 +22,17 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let record = args.iter().position(|a| a == "--record").and_then(|i| args.get(i + 1));
     let steps: Vec<Step> = match args.first().map(String::as_str) {
         Some("synthetic") => trace::training(12, 768, 4096, 3),
-        Some(path) if path != "--record" => trace::parse(&std::fs::read_to_string(path)?)?,
+        Some(option) if option.starts_with("--") && option != "--record" => {
+            return Err(format!(
+                "unknown option {option:?}; usage: 08-replay-stats [TRACE|synthetic] [--record OUT.jsonl]"
+            )
+            .into());
+        }
+        Some(path) if path != "--record" => {
+            let text =
+                std::fs::read_to_string(path).map_err(|e| format!("reading the trace {path:?}: {e}"))?;
+            trace::parse(&text)?
+        }
         // No trace named: a small training loop (4 layers, 2 steps), so the example runs as is.
         _ => trace::training(4, 256, 1024, 2),
     };
