@@ -111,7 +111,7 @@ pub use runtime::pinned::{
 };
 pub use runtime::pointer::MemoryPointer;
 pub use runtime::pools::{
-    malloc_async, DeviceAllocator, FnAllocator, MemoryAsync, MemoryAsyncPool, MemoryPool,
+    malloc_async, DeviceAllocator, DeviceBlock, FnAllocator, MemoryAsync, MemoryAsyncPool, MemoryPool,
     SingleDeviceMemoryPool,
 };
 pub use runtime::staging::{

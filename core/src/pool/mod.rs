@@ -710,8 +710,9 @@ impl<R: RawAllocator> Pool<R> {
     /// `free_all_blocks` unmaps the free tails of blocks. The free tail of the growing block is
     /// lent only when no other free chunk fits (dlmalloc's rule for its top chunk; PyTorch has no
     /// such rule): a request that fits a hole fills the hole, and the tail stays in one piece for
-    /// a request that needs it grown. Off by default; the runtime's pools turn it on from
-    /// [`EXPANDABLE_SEGMENTS_ENV`].
+    /// a request that needs it grown. Off by default; the runtime's pools turn it on when their
+    /// raw allocator grows blocks, which the runtime's device allocator does with
+    /// [`EXPANDABLE_SEGMENTS_ENV`] set.
     ///
     /// # Errors
     ///

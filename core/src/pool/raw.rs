@@ -72,6 +72,21 @@ pub trait RawAllocator: Send + Sync + 'static {
         let _ = (block, bytes);
         Ok(0)
     }
+
+    /// The allocator for a pool of `device`, made from this one: a clone, unless the allocator
+    /// decides something per device (the runtime's device allocator picks fixed or growing
+    /// blocks there from `GPUMEM_EXPANDABLE_SEGMENTS`). A multi-device pool calls it once for
+    /// each device's pool.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's: a malformed environment variable, a backend without what it asks for.
+    fn for_device(&self, _device: DeviceId) -> Result<Self>
+    where
+        Self: Sized + Clone,
+    {
+        Ok(self.clone())
+    }
 }
 
 /// Checks a block the allocator returned for a request of `size` bytes on `device`.

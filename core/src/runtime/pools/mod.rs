@@ -3,6 +3,7 @@
 //! in the user's terms.
 
 pub mod async_pool;
+mod device;
 mod multi;
 #[cfg(test)]
 mod tests;
@@ -22,46 +23,8 @@ use crate::runtime::state::Runtime;
 use crate::runtime::stream::Stream;
 
 pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool};
+pub use device::{DeviceAllocator, DeviceBlock};
 pub use multi::MemoryPool;
-
-/// The runtime's device allocator: each raw block is a [`Memory`] (`cuMemAlloc`).
-pub struct DeviceAllocator<B: Runtime>(PhantomData<fn() -> B>);
-
-impl<B: Runtime> DeviceAllocator<B> {
-    /// The allocator.
-    #[must_use]
-    pub const fn new() -> Self {
-        DeviceAllocator(PhantomData)
-    }
-}
-
-impl<B: Runtime> Default for DeviceAllocator<B> {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl<B: Runtime> Clone for DeviceAllocator<B> {
-    fn clone(&self) -> Self {
-        *self
-    }
-}
-
-impl<B: Runtime> Copy for DeviceAllocator<B> {}
-
-impl<B: Runtime> fmt::Debug for DeviceAllocator<B> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "DeviceAllocator<{}>", B::NAME)
-    }
-}
-
-impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
-    type Block = Memory<B>;
-
-    fn allocate(&self, device: DeviceId, size: usize) -> Result<Memory<B>> {
-        Memory::new_on(device, size)
-    }
-}
 
 /// A raw allocator made of a function returning boxed memory objects, for allocators whose
 /// blocks are of several kinds. Each block costs a box; [`RawAllocator`] with a block type of its
@@ -126,14 +89,25 @@ where
 
 impl<B: Runtime> SingleDeviceMemoryPool<B> {
     /// A pool for `device` on the runtime's allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
-    /// is set.
+    /// is set, with expandable segments when `GPUMEM_EXPANDABLE_SEGMENTS` is `1` or `true`
+    /// (PyTorch's `expandable_segments:True`: blocks grow in place on the virtual-memory API).
     ///
     /// # Errors
     ///
-    /// `InvalidEnvironment` when the variable cannot be parsed; the runtime's error when a fraction
-    /// needs the device's memory size.
+    /// `InvalidEnvironment` when a variable cannot be parsed; `Unsupported` for expandable
+    /// segments on a backend without virtual memory (`B::CAPS.virtual_memory`); the runtime's
+    /// error when a fraction needs the device's memory size.
     pub fn new(device: DeviceId) -> Result<Self> {
-        Self::with_allocator(device, DeviceAllocator::new())
+        Self::with_allocator(device, DeviceAllocator::new().for_device(device)?)
+    }
+
+    /// A pool for `device` with expandable segments, whatever the environment says.
+    ///
+    /// # Errors
+    ///
+    /// As [`SingleDeviceMemoryPool::new`].
+    pub fn with_expandable_segments(device: DeviceId) -> Result<Self> {
+        Self::with_allocator(device, DeviceAllocator::expandable(device)?)
     }
 }
 
@@ -142,7 +116,8 @@ where
     A::Block: BaseMemory<B>,
 {
     /// A pool for `device` on the given raw allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
-    /// is set.
+    /// is set; with expandable segments on when the allocator grows blocks
+    /// ([`RawAllocator::expandable`]).
     ///
     /// # Errors
     ///
@@ -160,6 +135,9 @@ where
         }));
         if let Some(limit) = Limit::from_env()? {
             pool.set_limit(limit)?;
+        }
+        if pool.pool.allocator().expandable() {
+            pool.pool.set_expandable_segments(true)?;
         }
         Ok(pool)
     }

@@ -90,7 +90,7 @@ where
         if let Some(pool) = slot.get() {
             return Ok(pool);
         }
-        let pool = SingleDeviceMemoryPool::with_allocator(device, self.allocator.clone())?;
+        let pool = SingleDeviceMemoryPool::with_allocator(device, self.allocator.for_device(device)?)?;
         let policy = self.policy.lock();
         pool.set_growth_policy(*policy);
         // Two threads may race to create it; the loser's empty pool is dropped.

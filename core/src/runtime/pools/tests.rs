@@ -904,3 +904,27 @@ fn a_pool_on_another_allocator_gives_shared_pointers() {
     drop(p);
     assert_eq!(pool.used_bytes(), 0);
 }
+
+#[test]
+#[cfg_attr(miri, ignore = "maps host memory through the host backend's virtual memory")]
+fn expandable_segments_lend_memory_that_works_across_growths_and_give_it_all_back() {
+    // Device 1, so that no other test's physical allocations on the host's device 0 count here.
+    let pool = SingleDeviceMemoryPool::<Host>::with_expandable_segments(1).unwrap();
+    assert!(pool.pool().expandable_segments());
+    crate::Device::<Host>::new(1).use_device().unwrap();
+    let a = pool.malloc(3 << 20).unwrap();
+    let b = pool.malloc(5 << 20).unwrap();
+    assert_eq!(b.ptr(), a.ptr() + (3 << 20), "the block grew in place");
+    assert_eq!(pool.stats().all.segments.allocated, 1);
+    // `b` spans the end of the first mapping and the growth after it: every byte reads back.
+    let data: Vec<u8> = (0..5usize << 20).map(|i| (i % 251) as u8).collect();
+    b.copy_from_host(&data, data.len()).unwrap();
+    let mut back = vec![0u8; data.len()];
+    b.copy_to_host(&mut back, data.len()).unwrap();
+    assert!(back == data, "the bytes came back");
+    assert!(crate::host::vmm_physical_bytes(1) >= 8 << 20);
+    drop((a, b));
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+    assert_eq!(crate::host::vmm_physical_bytes(1), 0, "every physical allocation went back");
+}
