@@ -1,8 +1,9 @@
 #!/bin/bash
 # gpumem inside PyTorch and CuPy, on the GPU machine, from the repository root: GPT-2 training
-# steps with PyTorch's allocator (twice, in separate processes: the reference and a determinism
-# control) and with gpumem's pool (its default growth policy and hold_peak_in_use), the losses
-# compared bit for bit; then CuPy with gpumem as its allocator against CuPy's own pool. Fails
+# steps with PyTorch's allocator (a reference and a determinism control in separate processes,
+# then with expandable_segments:True) and with gpumem's pool (its default growth policy,
+# hold_peak_in_use, and segments with GPUMEM_EXPANDABLE_SEGMENTS=1), the losses compared bit for
+# bit; then CuPy with gpumem as its allocator against CuPy's own pool. Fails
 # (non-zero exit, "MISMATCH" on stderr) when any loss or CuPy result differs or a check fails.
 #
 # Needs a prebuilt library, made on a machine with Rust:
@@ -43,9 +44,11 @@ run torch-reference python3 $T --allocator torch --steps "$STEPS" --label "PyTor
 run torch-control python3 $T --allocator torch --steps "$STEPS" --label "PyTorch allocator (control)" --out "$OUT/torch-control.json"
 run gpumem-default python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --label "gpumem (cache_until_out_of_memory)" --out "$OUT/gpumem-default.json"
 run gpumem-hold-peak python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --growth-policy hold_peak_in_use --label "gpumem (hold_peak_in_use)" --out "$OUT/gpumem-hold-peak.json"
-if [ -f "$OUT/torch-reference.json" ] && [ -f "$OUT/torch-control.json" ] && [ -f "$OUT/gpumem-default.json" ] && [ -f "$OUT/gpumem-hold-peak.json" ]; then
-    python3 scripts/capi/compare_training.py "$OUT/training-summary.json" "$OUT/torch-reference.json" \
-        "$OUT/torch-control.json" "$OUT/gpumem-default.json" "$OUT/gpumem-hold-peak.json" 2>&1 | tee "$OUT/training-summary.md"
+run gpumem-segments-expandable env GPUMEM_EXPANDABLE_SEGMENTS=1 python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --growth-policy segments --label "gpumem (segments, expandable segments)" --out "$OUT/gpumem-segments-expandable.json"
+run torch-expandable env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $T --allocator torch --steps "$STEPS" --label "PyTorch allocator (expandable_segments:True)" --out "$OUT/torch-expandable.json"
+RUNS=("$OUT/torch-reference.json" "$OUT/torch-control.json" "$OUT/gpumem-default.json" "$OUT/gpumem-hold-peak.json" "$OUT/gpumem-segments-expandable.json" "$OUT/torch-expandable.json")
+if ls "${RUNS[@]}" > /dev/null 2>&1; then
+    python3 scripts/capi/compare_training.py "$OUT/training-summary.json" "${RUNS[@]}" 2>&1 | tee "$OUT/training-summary.md"
     [ "${PIPESTATUS[0]}" -eq 0 ] || status=1
 else
     echo "gpu-capi: MISMATCH: a training run produced no result" >&2

@@ -9,18 +9,19 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::OnceLock;
 
 use gpumem::{
-    BaseMemory, DefaultBackend, Device, DeviceGuard, DeviceId, DevicePtr, ExternalStream, Memory,
-    RawAllocator, Stream, StreamGuard,
+    BaseMemory, DefaultBackend, Device, DeviceGuard, DeviceId, DevicePtr, ExternalStream, RawAllocator,
+    RawBlock, Stream, StreamGuard,
 };
 
 use crate::ffi::{fail, Failure};
 use crate::registry::{registry, Entry, FreeRequest, StreamId};
 
 /// The pool every entry point allocates from: one per process, on the runtime's allocator
-/// wrapped to count driver calls; each device's pool honours `GPUMEM_GPU_MEMORY_LIMIT`.
+/// wrapped to count driver calls; each device's pool honours `GPUMEM_GPU_MEMORY_LIMIT` and
+/// `GPUMEM_EXPANDABLE_SEGMENTS`.
 pub(crate) fn pool() -> &'static AbiPool {
     static POOL: OnceLock<AbiPool> = OnceLock::new();
-    POOL.get_or_init(|| AbiPool::with_allocator(CountingAllocator))
+    POOL.get_or_init(|| AbiPool::with_allocator(CountingAllocator::default()))
 }
 
 /// The ABI's pool type: gpumem's multi-device pool on the counting allocator.
@@ -65,60 +66,97 @@ impl RawCounts {
     }
 }
 
-/// The runtime's allocator, counting each raw allocation and free (one driver call each). Raw
-/// calls are the pool's cold path, so shared atomics cost nothing that matters.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct CountingAllocator;
+/// The runtime's device allocator (fixed blocks, or growing ones with
+/// `GPUMEM_EXPANDABLE_SEGMENTS`), counting each raw allocation and free, a growth as an
+/// allocation and a shrink as a free (as PyTorch counts its expandable segments' maps and
+/// unmaps). Raw calls are the pool's cold path, so shared atomics cost nothing that matters.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct CountingAllocator(gpumem::DeviceAllocator);
+
+impl CountingAllocator {
+    fn count_alloc(size: usize) {
+        RAW.allocs.fetch_add(1, Ordering::Relaxed);
+        let held = RAW.held.fetch_add(size, Ordering::Relaxed) + size;
+        RAW.peak_held.fetch_max(held, Ordering::Relaxed);
+    }
+}
 
 impl RawAllocator for CountingAllocator {
     type Block = Counted;
 
     fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Counted> {
-        let mem = Memory::new_on(device, size)?;
-        RAW.allocs.fetch_add(1, Ordering::Relaxed);
-        let held = RAW.held.fetch_add(size, Ordering::Relaxed) + size;
-        RAW.peak_held.fetch_max(held, Ordering::Relaxed);
-        Ok(Counted(mem))
+        let block = self.0.allocate(device, size)?;
+        Self::count_alloc(RawBlock::size(&block));
+        Ok(Counted(block))
+    }
+
+    fn expandable(&self) -> bool {
+        self.0.expandable()
+    }
+
+    fn granule(&self) -> usize {
+        self.0.granule()
+    }
+
+    fn grow(&self, block: &mut Counted, extra: usize) -> gpumem::Result<bool> {
+        let grown = self.0.grow(&mut block.0, extra)?;
+        if grown {
+            Self::count_alloc(extra);
+        }
+        Ok(grown)
+    }
+
+    fn shrink(&self, block: &mut Counted, bytes: usize) -> gpumem::Result<usize> {
+        let cut = self.0.shrink(&mut block.0, bytes)?;
+        if cut > 0 {
+            RAW.frees.fetch_add(1, Ordering::Relaxed);
+            RAW.held.fetch_sub(cut, Ordering::Relaxed);
+        }
+        Ok(cut)
+    }
+
+    fn for_device(&self, device: DeviceId) -> gpumem::Result<Self> {
+        Ok(CountingAllocator(self.0.for_device(device)?))
     }
 }
 
 /// A raw block that counts its free.
 #[derive(Debug)]
-pub(crate) struct Counted(Memory);
+pub(crate) struct Counted(gpumem::core::DeviceBlock<DefaultBackend>);
 
-impl gpumem::RawBlock for Counted {
+impl RawBlock for Counted {
     fn address(&self) -> DevicePtr {
-        self.0.ptr()
+        self.0.address()
     }
     fn size(&self) -> usize {
-        BaseMemory::<DefaultBackend>::size(&self.0)
+        RawBlock::size(&self.0)
     }
     fn device(&self) -> DeviceId {
-        self.0.device_id()
+        self.0.device()
     }
 }
 
 impl Drop for Counted {
     fn drop(&mut self) {
         RAW.frees.fetch_add(1, Ordering::Relaxed);
-        RAW.held.fetch_sub(self.0.size(), Ordering::Relaxed);
+        RAW.held.fetch_sub(RawBlock::size(&self.0), Ordering::Relaxed);
     }
 }
 
-// SAFETY: every value is the wrapped `Memory`'s, which is one live allocation of the backend on
-// its device until it is dropped, with this wrapper.
+// SAFETY: every value is the wrapped block's, which is device memory of the backend on its
+// device for its whole size until it is dropped, with this wrapper (`DeviceBlock`'s promise).
 unsafe impl BaseMemory<DefaultBackend> for Counted {
     fn ptr(&self) -> DevicePtr {
         self.0.ptr()
     }
     fn size(&self) -> usize {
-        self.0.size()
+        BaseMemory::<DefaultBackend>::size(&self.0)
     }
     fn device_id(&self) -> DeviceId {
         self.0.device_id()
     }
     fn identity(&self) -> &'static str {
-        "Memory"
+        self.0.identity()
     }
 }
 

@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Compares the JSON results of scripts/capi/torch_train.py runs: the first is the reference
 (PyTorch's allocator), the second a control (PyTorch's allocator again, another process), the
-rest gpumem runs. Prints a Markdown table and writes it with a verdict to SUMMARY.json.
+rest the runs to compare (gpumem's, or PyTorch's with other settings). Prints a Markdown table and writes it with a verdict to SUMMARY.json.
 
 Exit status: 0 when every run's losses are bit-identical to the reference's; 2 when the control
 differs (the setup is not deterministic, so nothing can be concluded about the allocator); 1 when
-a gpumem run differs.
+another run differs.
 
 Usage: python3 scripts/capi/compare_training.py SUMMARY.json REF.json CONTROL.json GPUMEM.json...
 """

@@ -1392,23 +1392,40 @@ fn observe_raw_frees<R: RawAllocator>(device_id: DeviceId, key: ArenaKey, blocks
 fn give_back<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32) {
     let a = arena.get();
     let mut st = a.state.lock();
-    let released = st.give_back(slot);
-    if let Some((_, size)) = &released {
-        // Under the lock: once it is released, another thread may free an orphaned arena.
-        a.shared.total_bytes.fetch_sub(*size, Ordering::Relaxed);
-    }
-    let last_of_orphan = st.orphaned && st.n_lent == 0;
-    drop(st);
-    if let Some((block, _)) = &released {
-        observe_raw_frees::<R>(a.shared.device, a.key, std::slice::from_ref(block));
-    }
-    // The raw free (a driver call) runs outside the lock; the block is owned, not the arena's.
-    drop(released);
+    // Matched, not kept: the common `None` then has no drop glue to call for the block type.
+    let last_of_orphan = match st.give_back(slot) {
+        None => {
+            let last = st.orphaned && st.n_lent == 0;
+            drop(st);
+            last
+        }
+        Some((block, size)) => release_returned_block(a, st, block, size),
+    };
     if last_of_orphan {
         // SAFETY: the pool's `Drop` called `keep_alive` for this orphaned arena, and this was its
         // last lent chunk, so this is the one matching release; `arena` is not used again.
         unsafe { arena.release_kept() };
     }
+}
+
+/// The rest of [`give_back`] when the returned chunk made a whole raw block of an orphaned
+/// arena free: the block is freed outside the lock. Returns whether that was the arena's last
+/// lent chunk.
+#[cold]
+fn release_returned_block<R: RawAllocator>(
+    a: &Arena<R>,
+    st: sync::ArenaGuard<'_, ArenaState<R::Block>>,
+    block: R::Block,
+    size: usize,
+) -> bool {
+    // Under the lock: once it is released, another thread may free an orphaned arena.
+    a.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
+    let last_of_orphan = st.orphaned && st.n_lent == 0;
+    drop(st);
+    observe_raw_frees::<R>(a.shared.device, a.key, std::slice::from_ref(&block));
+    // The raw free (a driver call) runs outside the lock; the block is owned, not the arena's.
+    drop(block);
+    last_of_orphan
 }
 
 impl<R: RawAllocator> Drop for PooledMemory<R> {
