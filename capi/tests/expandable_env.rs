@@ -3,7 +3,7 @@
 //! growth read back. A test binary of its own: the variable is read when a device's pool is made,
 //! once per process.
 
-use std::ffi::{c_void, CStr};
+use std::ffi::CStr;
 
 use gpumem::{MemoryPointer, UnownedMemory};
 use gpumem_capi::*;
@@ -43,8 +43,8 @@ fn the_variable_gives_the_abi_growing_blocks() {
     assert!(back == data);
     // SAFETY: both were lent on the null stream by the calls above and are freed once.
     unsafe {
-        gpumem_torch_free(a as *mut c_void, 3 << 20, 0, std::ptr::null_mut());
-        gpumem_torch_free(b as *mut c_void, 5 << 20, 0, std::ptr::null_mut());
+        gpumem_torch_free(a, 3 << 20, 0, std::ptr::null_mut());
+        gpumem_torch_free(b, 5 << 20, 0, std::ptr::null_mut());
     }
     std::env::remove_var("GPUMEM_EXPANDABLE_SEGMENTS");
 }

@@ -38,6 +38,12 @@ pub(crate) fn vmm_physical_bytes(dev: crate::hal::DeviceId) -> usize {
     vmm::physical_bytes(dev)
 }
 
+/// The devices with access to the simulated mapping that holds `ptr` (for the pool's tests).
+#[cfg(test)]
+pub(crate) fn vmm_access_of(ptr: crate::hal::DevicePtr) -> Option<Vec<crate::hal::DeviceId>> {
+    vmm::access_of(ptr)
+}
+
 /// The simulated virtual-memory calls made on this thread: `[create, map, set access, unmap]`
 /// (for the pool's tests).
 #[cfg(test)]

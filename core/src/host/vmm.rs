@@ -54,6 +54,16 @@ fn vm() -> MutexGuard<'static, Vm> {
     VM.get_or_init(Mutex::default).lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The devices with access to the mapping that holds `ptr`; `None` where nothing is mapped.
+#[cfg(test)]
+pub(crate) fn access_of(ptr: DevicePtr) -> Option<Vec<DeviceId>> {
+    let vm = vm();
+    let (&base, range) = vm.ranges.range(..=ptr).next_back()?;
+    let offset = ptr - base;
+    let (&at, (len, _, devices)) = range.mapped.range(..=offset).next_back()?;
+    (offset < at + len).then(|| devices.clone())
+}
+
 fn invalid(api: &'static str, what: String) -> Error {
     err(api, Code::InvalidValue, Some(what))
 }

@@ -11,8 +11,14 @@
 //! is unmapped whole (the driver's rule), so a free tail gives back the growths that lie entirely
 //! in it, newest first; one allocation per granule would give back any number of granules, at two
 //! calls per granule on every growth (a 786 MiB growth: 786 calls, against 3).
+//!
+//! Peer access does not reach memory mapped this way: each mapping names the devices that may
+//! access it. [`grant_peer_access`] (which the runtime calls when it enables peer access) adds a
+//! device to every allocator of the owner's memory, for its mappings made before and after.
 
-use std::sync::Arc;
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
@@ -32,38 +38,127 @@ pub const DEFAULT_RESERVE: usize = 64 << 30;
 pub struct ExpandableAllocator<B: VirtualMemoryOps> {
     granule: usize,
     reserve: usize,
-    /// The devices besides the owner that get access to every new mapping.
-    peers: Arc<Mutex<Vec<DeviceId>>>,
+    access: Arc<Mutex<Access>>,
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
-impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
+/// Who reaches an allocator's memory, and what of it is mapped: shared by the allocator, its
+/// segments and the process's table of allocators ([`grant_peer_access`]). Its lock is held
+/// across the driver calls that map, unmap or give access, so a peer granted access while a
+/// segment grows or shrinks misses no mapping and touches no unmapped one.
+#[derive(Debug)]
+struct Access {
+    owner: DeviceId,
+    /// The devices besides the owner with access to every mapping.
+    peers: Vec<DeviceId>,
+    /// Each live segment's base address and the bytes mapped at its start.
+    mapped: HashMap<DevicePtr, usize>,
+}
+
+impl Access {
+    fn devices(&self) -> Vec<DeviceId> {
+        let mut devices = vec![self.owner];
+        devices.extend(self.peers.iter().copied().filter(|&d| d != self.owner));
+        devices
+    }
+}
+
+/// Gives `devices` access to `size` mapped bytes at `ptr` on backend `B`, for the table of
+/// allocators, which cannot be generic.
+///
+/// # Safety
+///
+/// `ptr..ptr + size` is mapped memory of `owner` (whole mappings) for the whole call.
+unsafe fn set_access<B: VirtualMemoryOps>(
+    owner: DeviceId,
+    ptr: DevicePtr,
+    size: usize,
+    devices: &[DeviceId],
+) -> Result<()> {
+    // SAFETY: the caller's promise.
+    unsafe { B::vm_set_access(owner, ptr, size, devices) }
+}
+
+type SetAccess = unsafe fn(DeviceId, DevicePtr, usize, &[DeviceId]) -> Result<()>;
+
+/// One entry of the table of allocators: the allocator's backend, what it shares, and how to
+/// give access on that backend.
+type Registered = (TypeId, Weak<Mutex<Access>>, SetAccess);
+
+/// Every live expandable allocator of the process.
+fn allocators() -> &'static Mutex<Vec<Registered>> {
+    static ALLOCATORS: Mutex<Vec<Registered>> = Mutex::new(Vec::new());
+    &ALLOCATORS
+}
+
+/// Gives device `peer` access to every expandable segment of device `owner` on backend `B`:
+/// the memory mapped now and every mapping made later. The runtime calls it once it has enabled
+/// peer access from `peer` to `owner`: peer access covers `cuMemAlloc`'s memory, but memory
+/// mapped through the virtual-memory API is reachable only from the devices its access names.
+/// A peer that already has access costs a look at each allocator.
+///
+/// # Errors
+///
+/// The driver's error giving access; the peer keeps what it was given before the failure.
+pub fn grant_peer_access<B: VirtualMemoryOps + 'static>(owner: DeviceId, peer: DeviceId) -> Result<()> {
+    if owner == peer {
+        return Ok(());
+    }
+    let live: Vec<(Arc<Mutex<Access>>, SetAccess)> = {
+        let mut table = allocators().lock();
+        table.retain(|(_, access, _)| access.strong_count() > 0);
+        table
+            .iter()
+            .filter(|(backend, _, _)| *backend == TypeId::of::<B>())
+            .filter_map(|(_, access, set)| Some((access.upgrade()?, *set)))
+            .collect()
+    };
+    for (access, set) in live {
+        let mut a = access.lock();
+        if a.owner != owner || a.peers.contains(&peer) {
+            continue;
+        }
+        a.peers.push(peer);
+        let devices = a.devices();
+        for (&base, &len) in &a.mapped {
+            if len > 0 {
+                // SAFETY: `mapped` holds what is mapped at each live segment's start, and the
+                // lock held here keeps it so (segments map and unmap under it).
+                unsafe { set(owner, base, len, &devices) }?;
+            }
+        }
+    }
+    Ok(())
+}
+
+impl<B: VirtualMemoryOps + 'static> ExpandableAllocator<B> {
     /// An allocator for device `device`'s memory, each block reserving `reserve` bytes of
-    /// address space (rounded up to the granule; [`DEFAULT_RESERVE`] is a good choice).
+    /// address space (rounded up to the granule; [`DEFAULT_RESERVE`] is a good choice). Its
+    /// mappings are accessible from `device` and from every device [`grant_peer_access`] names.
     ///
     /// # Errors
     ///
     /// `Unsupported` where the backend has no virtual memory; the runtime's error.
     pub fn new(device: DeviceId, reserve: usize) -> Result<Self> {
         let granule = B::vm_granularity(device)?;
+        let access =
+            Arc::new(Mutex::new(Access { owner: device, peers: Vec::new(), mapped: HashMap::new() }));
+        allocators().lock().push((TypeId::of::<B>(), Arc::downgrade(&access), set_access::<B>));
         Ok(ExpandableAllocator {
             granule,
             reserve: reserve.max(granule).next_multiple_of(granule),
-            peers: Arc::new(Mutex::new(Vec::new())),
+            access,
             _backend: std::marker::PhantomData,
         })
     }
+}
 
-    /// Gives `peers` (other devices, with peer access enabled) access to the memory of the
-    /// mappings made from now on, as the owner has. Call it when peer access is enabled.
-    pub fn set_peers(&self, peers: &[DeviceId]) {
-        *self.peers.lock() = peers.to_vec();
-    }
-
+impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
     /// Maps `bytes` (whole granules) at `block`'s end as one physical allocation, and makes them
     /// accessible: three driver calls (create, map, set access) whatever the size, where one
     /// allocation per granule would cost two calls per granule. Undoes what it did on an error.
     fn map_more(&self, block: &mut Segment<B>, bytes: usize) -> Result<()> {
+        let mut access = self.access.lock();
         let start = block.base + block.mapped;
         let handle = B::vm_create(block.device, bytes)?;
         // SAFETY: `start..start + bytes` lies in the block's reserved range (the caller checked
@@ -74,8 +169,7 @@ impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
             let _ = unsafe { B::vm_release(block.device, handle) };
             return Err(e);
         }
-        let mut devices = vec![block.device];
-        devices.extend(self.peers.lock().iter().copied().filter(|&d| d != block.device));
+        let devices = access.devices();
         // SAFETY: `start..start + bytes` is the one mapping made just above.
         if let Err(e) = unsafe { B::vm_set_access(block.device, start, bytes, &devices) } {
             // SAFETY: mapped above at `start`, never handed out; released once, here.
@@ -87,6 +181,7 @@ impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
         }
         block.maps.push((bytes, handle));
         block.mapped += bytes;
+        access.mapped.insert(block.base, block.mapped);
         Ok(())
     }
 }
@@ -102,6 +197,8 @@ pub struct Segment<B: VirtualMemoryOps> {
     /// The mappings, in address order: each one physical allocation of that many bytes (whole
     /// granules), mapped right after the one before.
     maps: Vec<(usize, PhysicalHandle)>,
+    /// Its allocator's: the devices with access, and where this segment's mappings are.
+    access: Arc<Mutex<Access>>,
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
@@ -110,6 +207,19 @@ impl<B: VirtualMemoryOps> Segment<B> {
     /// bytes given back. A failure after some mappings went is reported as what went (the block
     /// is that much shorter); a failure before any went is the error.
     fn unmap_last(&mut self, bytes: usize) -> Result<usize> {
+        let access = Arc::clone(&self.access);
+        let mut access = access.lock();
+        let done = self.unmap_last_locked(bytes);
+        if self.mapped == 0 {
+            access.mapped.remove(&self.base);
+        } else {
+            access.mapped.insert(self.base, self.mapped);
+        }
+        done
+    }
+
+    /// [`Segment::unmap_last`] under the access lock.
+    fn unmap_last_locked(&mut self, bytes: usize) -> Result<usize> {
         let mut done = 0;
         while let Some(&(len, handle)) = self.maps.last() {
             if done + len > bytes {
@@ -176,6 +286,7 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
             reserved,
             mapped: 0,
             maps: Vec::new(),
+            access: Arc::clone(&self.access),
             _backend: std::marker::PhantomData,
         };
         // On an error the empty block is dropped, which frees the range.

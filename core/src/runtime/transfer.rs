@@ -141,13 +141,15 @@ fn refuse_overlap(dst: DevicePtr, src: DevicePtr, size: usize) -> Result<()> {
 }
 
 /// Lets `dst_dev` reach `src_dev`'s memory before a copy between them, as CuPy does before every
-/// device-to-device copy (other libraries may have disabled it). Devices that cannot reach each
-/// other directly still copy; the runtime stages the copy.
+/// device-to-device copy (other libraries may have disabled it), the memory of `src_dev`'s
+/// expandable segments included (which peer access alone does not cover). Devices that cannot
+/// reach each other directly still copy; the runtime stages the copy.
 fn enable_peer_access<B: Runtime>(src_dev: DeviceId, dst_dev: DeviceId) -> Result<()> {
     if src_dev == dst_dev || !B::can_access_peer(src_dev, dst_dev)? {
         return Ok(());
     }
-    B::enable_peer_access(src_dev, dst_dev)
+    B::enable_peer_access(src_dev, dst_dev)?;
+    crate::pool::expandable::grant_peer_access::<B>(src_dev, dst_dev)
 }
 
 impl<B: Runtime> MemoryPointer<B> {

@@ -56,15 +56,6 @@ impl<B: Runtime> DeviceAllocator<B> {
         let reserve = DEFAULT_RESERVE.min(total.max(1));
         Ok(DeviceAllocator { mode: Mode::Growing(Arc::new(ExpandableAllocator::new(device, reserve)?)) })
     }
-
-    /// Gives `peers` (other devices, with peer access enabled) access to the memory of the
-    /// growing blocks' mappings made from now on; nothing for fixed blocks, which peer access
-    /// covers as they are.
-    pub fn set_peers(&self, peers: &[DeviceId]) {
-        if let Mode::Growing(g) = &self.mode {
-            g.set_peers(peers);
-        }
-    }
 }
 
 impl<B: Runtime> Default for DeviceAllocator<B> {

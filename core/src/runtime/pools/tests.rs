@@ -905,10 +905,17 @@ fn a_pool_on_another_allocator_gives_shared_pointers() {
     assert_eq!(pool.used_bytes(), 0);
 }
 
+/// The tests that map the host's device 1 virtual memory, one at a time (one counts it all).
+fn device_1_vmm() -> parking_lot::MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock()
+}
+
 #[test]
 #[cfg_attr(miri, ignore = "maps host memory through the host backend's virtual memory")]
 fn expandable_segments_lend_memory_that_works_across_growths_and_give_it_all_back() {
     // Device 1, so that no other test's physical allocations on the host's device 0 count here.
+    let _one_at_a_time = device_1_vmm();
     let pool = SingleDeviceMemoryPool::<Host>::with_expandable_segments(1).unwrap();
     assert!(pool.pool().expandable_segments());
     crate::Device::<Host>::new(1).use_device().unwrap();
@@ -927,4 +934,34 @@ fn expandable_segments_lend_memory_that_works_across_growths_and_give_it_all_bac
     pool.free_all_blocks(None);
     assert_eq!(pool.total_bytes(), 0);
     assert_eq!(crate::host::vmm_physical_bytes(1), 0, "every physical allocation went back");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "maps host memory through the host backend's virtual memory")]
+fn a_peer_copy_gives_the_peer_access_to_expandable_segments_mapped_before_and_after() {
+    // Device 1's memory, copied to device 0: device 0 must reach device 1's mappings.
+    let _one_at_a_time = device_1_vmm();
+    let pool = SingleDeviceMemoryPool::<Host>::with_expandable_segments(1).unwrap();
+    crate::Device::<Host>::new(1).use_device().unwrap();
+    let before = pool.malloc(3 << 20).unwrap();
+    assert_eq!(crate::host::vmm_access_of(before.ptr()), Some(vec![1]), "the owner only");
+    crate::Device::<Host>::new(0).use_device().unwrap();
+    let dst = MemoryPointer::from_memory(Memory::<Host>::new_on(0, 4096).unwrap());
+    dst.copy_from_device(&before, 4096).unwrap();
+    assert_eq!(
+        crate::host::vmm_access_of(before.ptr()),
+        Some(vec![1, 0]),
+        "granted to the mapping made before"
+    );
+    crate::Device::<Host>::new(1).use_device().unwrap();
+    let after = pool.malloc(8 << 20).unwrap();
+    assert!(after.ptr() > before.ptr(), "a growth of the same block");
+    assert_eq!(
+        crate::host::vmm_access_of(after.ptr() + (6 << 20)),
+        Some(vec![1, 0]),
+        "and to the growth after"
+    );
+    // A second copy grants nothing new.
+    dst.copy_from_device(&before, 4096).unwrap();
+    crate::Device::<Host>::new(0).use_device().unwrap();
 }
