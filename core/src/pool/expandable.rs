@@ -91,8 +91,15 @@ fn allocators() -> &'static Mutex<Vec<Registered>> {
     &ALLOCATORS
 }
 
+/// Every `(backend, owner, peer)` granted so far, for the allocators made later.
+fn granted() -> &'static Mutex<Vec<(TypeId, DeviceId, DeviceId)>> {
+    static GRANTED: Mutex<Vec<(TypeId, DeviceId, DeviceId)>> = Mutex::new(Vec::new());
+    &GRANTED
+}
+
 /// Gives device `peer` access to every expandable segment of device `owner` on backend `B`:
-/// the memory mapped now and every mapping made later. The runtime calls it once it has enabled
+/// the memory mapped now and every mapping made later, by these allocators and those made
+/// after. The runtime calls it once it has enabled
 /// peer access from `peer` to `owner`: peer access covers `cuMemAlloc`'s memory, but memory
 /// mapped through the virtual-memory API is reachable only from the devices its access names.
 /// A peer that already has access costs a look at each allocator.
@@ -103,6 +110,13 @@ fn allocators() -> &'static Mutex<Vec<Registered>> {
 pub fn grant_peer_access<B: VirtualMemoryOps + 'static>(owner: DeviceId, peer: DeviceId) -> Result<()> {
     if owner == peer {
         return Ok(());
+    }
+    {
+        let mut granted = granted().lock();
+        let pair = (TypeId::of::<B>(), owner, peer);
+        if !granted.contains(&pair) {
+            granted.push(pair);
+        }
     }
     let live: Vec<(Arc<Mutex<Access>>, SetAccess)> = {
         let mut table = allocators().lock();
@@ -141,8 +155,13 @@ impl<B: VirtualMemoryOps + 'static> ExpandableAllocator<B> {
     /// `Unsupported` where the backend has no virtual memory; the runtime's error.
     pub fn new(device: DeviceId, reserve: usize) -> Result<Self> {
         let granule = B::vm_granularity(device)?;
-        let access =
-            Arc::new(Mutex::new(Access { owner: device, peers: Vec::new(), mapped: HashMap::new() }));
+        let peers = granted()
+            .lock()
+            .iter()
+            .filter(|(backend, owner, _)| *backend == TypeId::of::<B>() && *owner == device)
+            .map(|&(_, _, peer)| peer)
+            .collect();
+        let access = Arc::new(Mutex::new(Access { owner: device, peers, mapped: HashMap::new() }));
         allocators().lock().push((TypeId::of::<B>(), Arc::downgrade(&access), set_access::<B>));
         Ok(ExpandableAllocator {
             granule,

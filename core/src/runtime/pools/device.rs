@@ -15,10 +15,12 @@ use crate::runtime::state::Runtime;
 /// [`DeviceAllocator::expandable`] (or from `GPUMEM_EXPANDABLE_SEGMENTS`), a growing
 /// [`Segment`] of reserved address space with physical memory mapped at its start.
 ///
-/// [`DeviceAllocator::new`] follows the environment: a pool made on it
-/// ([`SingleDeviceMemoryPool::with_allocator`](super::SingleDeviceMemoryPool::with_allocator),
-/// [`MemoryPool`](super::MemoryPool)'s pool of each device) gets growing blocks when
-/// `GPUMEM_EXPANDABLE_SEGMENTS` is `1` or `true`, fixed ones otherwise.
+/// [`DeviceAllocator::new`] follows the environment where a pool asks it for a device's
+/// allocator ([`RawAllocator::for_device`]), as [`SingleDeviceMemoryPool::new`](super::SingleDeviceMemoryPool::new)
+/// and [`MemoryPool`](super::MemoryPool)'s pool of each device do: growing blocks when
+/// `GPUMEM_EXPANDABLE_SEGMENTS` is `1` or `true`, fixed ones otherwise. Passed as it is to
+/// [`SingleDeviceMemoryPool::with_allocator`](super::SingleDeviceMemoryPool::with_allocator), it
+/// makes fixed blocks.
 pub struct DeviceAllocator<B: Runtime> {
     mode: Mode<B>,
 }

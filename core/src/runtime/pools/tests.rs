@@ -963,5 +963,11 @@ fn a_peer_copy_gives_the_peer_access_to_expandable_segments_mapped_before_and_af
     );
     // A second copy grants nothing new.
     dst.copy_from_device(&before, 4096).unwrap();
+    // A pool made later for device 1 starts with the access granted.
+    let later = SingleDeviceMemoryPool::<Host>::with_expandable_segments(1).unwrap();
+    let chunk = later.malloc(1 << 20).unwrap();
+    assert_eq!(crate::host::vmm_access_of(chunk.ptr()), Some(vec![1, 0]), "a later pool's mapping");
+    drop(chunk);
+    later.free_all_blocks(None);
     crate::Device::<Host>::new(0).use_device().unwrap();
 }
