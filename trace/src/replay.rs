@@ -166,12 +166,12 @@ pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayR
         })
         .collect();
     let r = pool_trace::replay_expandable(&steps, policy)?;
-    let (peak_held, peak_in_use) = (r.peak_held as u64, r.peak_in_use as u64);
     Ok(ReplayResult {
         policy: policy_name(policy),
-        peak_held,
-        peak_in_use,
-        ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
+        peak_held: r.peak_held as u64,
+        peak_in_use: r.peak_in_use as u64,
+        // 0 for an empty trace, as `replay_on`'s.
+        ratio: r.ratio(),
         raw_allocs: r.raw_allocs as u64,
         raw_frees: r.raw_frees as u64,
     })

@@ -479,24 +479,24 @@ impl<K: RawBlock> ArenaState<K> {
     pub(crate) fn set_keep_tail_last(&mut self, on: bool) {
         self.keep_tail_last = on;
         if !on {
-            for class in 0..2 {
-                let slot = std::mem::replace(&mut self.tail[class], NIL);
-                if slot != NIL {
-                    let c = self.chunks[slot as usize];
-                    self.index_of(class).insert(slot, c.size, c.bin);
-                }
-            }
+            self.file_tail(0);
+            self.file_tail(1);
         }
     }
 
     /// Makes `block` the growable block of free index `class`; the free tail of the one before
     /// goes into the free index like any other free chunk.
     fn set_growable(&mut self, class: usize, block: u32) {
-        let old = std::mem::replace(&mut self.tail[class], NIL);
+        self.file_tail(class);
         self.growable[class] = Some(block);
-        if old != NIL {
-            let c = self.chunks[old as usize];
-            self.index_of(class).insert(old, c.size, c.bin);
+    }
+
+    /// Files the free tail kept aside for free index `class`, if any, in that index.
+    fn file_tail(&mut self, class: usize) {
+        let slot = std::mem::replace(&mut self.tail[class], NIL);
+        if slot != NIL {
+            let c = self.chunks[slot as usize];
+            self.index_of(class).insert(slot, c.size, c.bin);
         }
     }
 
