@@ -1006,6 +1006,8 @@ struct Replayed {
     /// trace marks no second step).
     later: Option<usize>,
     ms: f64,
+    /// Allocations served by another stream's free chunk.
+    across: u64,
 }
 
 /// The raw allocator of a replay.
@@ -1020,12 +1022,19 @@ enum Raw {
 /// Replays a trace through a fresh pool (the pool's own API, each trace stream its own arena)
 /// with `policy`, timed from the first step to a device synchronisation after the last (the pool
 /// is made before and dropped after the clock). Raw frees are those made during the replay.
-fn replay_once(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, raw: Raw) -> Replayed {
+fn replay_once(
+    steps: &[trace::Step],
+    second: Option<usize>,
+    policy: GrowthPolicy,
+    raw: Raw,
+    share: bool,
+) -> Replayed {
     fn run<A: RawAllocator>(
         steps: &[trace::Step],
         second: Option<usize>,
         policy: GrowthPolicy,
         counting: Arc<Counting<A>>,
+        share: bool,
     ) -> Replayed {
         let expandable = counting.expandable();
         let pool = gpumem::core::pool::Pool::new(dev(), Arc::clone(&counting));
@@ -1034,7 +1043,24 @@ fn replay_once(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolic
             pool.set_expandable_segments(true).unwrap();
         }
         let cache = gpumem::core::pool::ArenaCache::new();
-        let keys: Vec<ArenaKey> = (0..64).map(ArenaKey::stream).collect();
+        // Sharing across streams orders real streams with events (the runtime's order), so its
+        // cost is in the time: each trace stream is a stream of its own.
+        let streams: Vec<gpumem::Stream> = if share {
+            let n = steps
+                .iter()
+                .map(|s| if let trace::Step::Alloc { stream, .. } = s { *stream + 1 } else { 0 })
+                .max();
+            (0..n.unwrap_or(1)).map(|_| gpumem::Stream::non_blocking().unwrap()).collect()
+        } else {
+            Vec::new()
+        };
+        let keys: Vec<ArenaKey> = if share {
+            pool.set_stream_order(Box::new(gpumem::core::runtime::pools::EventStreamOrder::<B>::new(dev())));
+            pool.set_share_across_streams(true).unwrap();
+            streams.iter().map(|s| ArenaKey::stream(s.ptr())).collect()
+        } else {
+            (0..64).map(ArenaKey::stream).collect()
+        };
         let mut live = HashMap::with_capacity(steps.len());
         let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
         let mut before_second = 0;
@@ -1057,31 +1083,38 @@ fn replay_once(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolic
         let (allocs, frees) =
             (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
         let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
+        let across = pool.stats().all.lent_across_streams;
         drop(pool);
-        Replayed { ratio, allocs, frees, later, ms }
+        drop(streams);
+        Replayed { ratio, allocs, frees, later, ms, across }
     }
     match raw {
-        Raw::Plain => run(steps, second, policy, Arc::new(Counting::new(DeviceAllocator::new()))),
+        Raw::Plain => run(steps, second, policy, Arc::new(Counting::new(DeviceAllocator::new())), share),
         Raw::Expandable => {
             // A quarter of the device per block at most: the host backend's reserved ranges are
             // host address space, which the operating system may refuse in one piece.
             let total = gpumem::Device::current().properties().unwrap().total_memory;
             let inner =
                 ExpandableAllocator::<B>::new(dev(), expandable::DEFAULT_RESERVE.min(total / 4)).unwrap();
-            run(steps, second, policy, Arc::new(Counting::new(inner)))
+            run(steps, second, policy, Arc::new(Counting::new(inner)), share)
         }
     }
 }
 
 /// One warm-up replay, then `REPLAYS` timed ones: the median time; the counts and the ratio of
 /// the first timed one (every replay starts from an empty pool, so they are the same each time).
-fn replay(steps: &[trace::Step], second: Option<usize>, policy: GrowthPolicy, raw: Raw) -> Replayed {
+fn replay(
+    steps: &[trace::Step],
+    second: Option<usize>,
+    policy: GrowthPolicy,
+    raw: Raw,
+    share: bool,
+) -> Replayed {
     const REPLAYS: usize = 5;
-    replay_once(steps, second, policy, raw);
-    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, raw)).collect();
+    replay_once(steps, second, policy, raw, share);
+    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, raw, share)).collect();
     let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
-    let first = &runs[0];
-    Replayed { ratio: first.ratio, allocs: first.allocs, frees: first.frees, later: first.later, ms }
+    Replayed { ms, ..runs[0] }
 }
 
 /// The traces the fragmentation rows replay: the random one, and those `bench/run-gpu.sh`
@@ -1103,12 +1136,19 @@ fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Option<usiz
     traces
 }
 
-const POLICIES: [(&str, GrowthPolicy, Raw); 5] = [
-    ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory, Raw::Plain),
-    ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse, Raw::Plain),
-    ("gpumem, Segments", GrowthPolicy::Segments, Raw::Plain),
-    ("gpumem, CuPy's rules, expandable segments", GrowthPolicy::CacheUntilOutOfMemory, Raw::Expandable),
-    ("gpumem, Segments, expandable segments", GrowthPolicy::Segments, Raw::Expandable),
+/// gpumem's configurations: (label, policy, raw allocator, memory shared across streams).
+const POLICIES: [(&str, GrowthPolicy, Raw, bool); 6] = [
+    ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory, Raw::Plain, false),
+    ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse, Raw::Plain, false),
+    ("gpumem, Segments", GrowthPolicy::Segments, Raw::Plain, false),
+    (
+        "gpumem, CuPy's rules, expandable segments",
+        GrowthPolicy::CacheUntilOutOfMemory,
+        Raw::Expandable,
+        false,
+    ),
+    ("gpumem, Segments, expandable segments", GrowthPolicy::Segments, Raw::Expandable, false),
+    ("gpumem, Segments, expandable, shared across streams", GrowthPolicy::Segments, Raw::Expandable, true),
 ];
 
 /// The anchors' rows: (label, key prefix in anchors.txt).
@@ -1132,15 +1172,15 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
     for (name, steps, second) in traces(dir) {
         let label = format!("{} ({} steps)", name.replace('_', " "), steps.len());
         let mut ours = Vec::new();
-        for (what, policy, raw) in POLICIES {
+        for (what, policy, raw, share) in POLICIES {
             if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
                 continue;
             }
-            let r = replay(&steps, second, policy, raw);
+            let r = replay(&steps, second, policy, raw, share);
             let later = r.later.map_or("-".into(), |n| n.to_string());
             eprintln!(
-                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms",
-                r.ratio, r.allocs, r.frees, r.ms
+                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms  {} lent across streams",
+                r.ratio, r.allocs, r.frees, r.ms, r.across
             );
             writeln!(
                 table,
@@ -1148,7 +1188,7 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
                 r.ratio, r.allocs, r.frees, r.ms
             )
             .unwrap();
-            ours.push((policy, raw, r));
+            ours.push((policy, raw, share, r));
         }
         for (what, key) in FRAG_ANCHORS {
             let get = |field: &str| report.external(&format!("{key}_frag_{name}_{field}"));
@@ -1170,10 +1210,13 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
         let target = if name.starts_with("random") { 1.05 } else { 1.03 };
         let anchors = report.anchors.clone();
         let torch = |field: &str| anchors.get(&format!("torch_default_frag_{name}_{field}")).copied();
-        for (policy_name, raw) in
-            [("Segments", Raw::Plain), ("Segments + expandable segments", Raw::Expandable)]
-        {
-            let Some((_, _, seg)) = ours.iter().find(|(p, r, _)| *p == GrowthPolicy::Segments && *r == raw)
+        for (policy_name, raw, share) in [
+            ("Segments", Raw::Plain, false),
+            ("Segments + expandable segments", Raw::Expandable, false),
+            ("Segments + expandable segments, shared across streams", Raw::Expandable, true),
+        ] {
+            let Some((_, _, _, seg)) =
+                ours.iter().find(|(p, r, s, _)| *p == GrowthPolicy::Segments && *r == raw && *s == share)
             else {
                 continue;
             };
@@ -1244,21 +1287,24 @@ fn main() {
         let path = args.get(i + 1).expect("--replay-host PATH");
         let text = std::fs::read_to_string(path).expect("read the trace");
         let steps = trace::parse(&text).expect("a trace");
+        // `--one-stream`: every step on one stream, the allocator's own fragmentation.
+        let steps =
+            if args.iter().any(|a| a == "--one-stream") { trace::on_one_stream(&steps) } else { steps };
         let mark = trace::step_marks(&text).get(1).copied();
-        for (what, policy, raw) in POLICIES {
-            let expandable = raw == Raw::Expandable;
-            let r = match mark {
-                Some(m) => trace::replay_from(&steps, policy, expandable, m),
-                None if expandable => trace::replay_expandable(&steps, policy),
-                None => trace::replay(&steps, policy),
-            }
-            .expect("replay");
+        for (what, policy, raw, share) in POLICIES {
+            let options = trace::ReplayOptions {
+                expandable: raw == Raw::Expandable,
+                share_across_streams: share,
+                mark,
+            };
+            let r = trace::replay_with(&steps, policy, options).expect("replay");
             let later = r.raw_calls_from_mark.map_or("-".into(), |n| n.to_string());
             println!(
-                "{what:<42} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  from step 2 {later:>4}",
+                "{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  from step 2 {later:>4}  lent across streams {:>5}",
                 r.ratio(),
                 r.raw_allocs,
-                r.raw_frees
+                r.raw_frees,
+                r.lent_across_streams
             );
         }
         return;

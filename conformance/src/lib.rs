@@ -29,6 +29,7 @@ pub mod no_device;
 mod pinned;
 mod pool;
 mod safety;
+mod share;
 mod staging;
 mod streams;
 mod vmm;
@@ -110,6 +111,7 @@ macro_rules! suite {
         $crate::__pinned_tests!($flavor);
         $crate::__pool_tests!($flavor);
         $crate::__safety_tests!($flavor);
+        $crate::__share_tests!($flavor);
         $crate::__staging_tests!($flavor);
         $crate::__streams_tests!($flavor);
         $crate::__vmm_tests!($flavor);

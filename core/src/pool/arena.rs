@@ -407,6 +407,18 @@ impl<K: RawBlock> ArenaState<K> {
         Some((slot, self.chunks[slot as usize].size))
     }
 
+    /// The size of the free chunk [`ArenaState::take_with_tail`] would lend for `size` bytes,
+    /// without lending it: how another arena's miss compares the arenas it could borrow from.
+    pub(crate) fn best_fit_with_tail(&mut self, size: usize) -> Option<usize> {
+        let class = policy::class(size, self.segmented);
+        let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
+        if let Some(found) = self.index_of(class).best_size(size).filter(|&f| f <= max) {
+            return Some(found);
+        }
+        let slot = self.tail[class];
+        (slot != NIL && self.chunks[slot as usize].size >= size).then(|| self.chunks[slot as usize].size)
+    }
+
     #[cold]
     fn split(&mut self, slot: u32, size: usize, found: usize) {
         let head = self.chunks[slot as usize];

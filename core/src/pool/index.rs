@@ -158,6 +158,25 @@ impl FreeIndex {
         Some((slot, found_size))
     }
 
+    /// The size of the chunk [`FreeIndex::take_best`] would take for `size` bytes (with no bound),
+    /// without taking it. Takes `&mut self` only to clear the bits of empty bins it meets.
+    pub(crate) fn best_size(&mut self, size: usize) -> Option<usize> {
+        let bin = bin_of(size / UNIT);
+        if let Some(&slot) = self.heads.get(bin) {
+            if slot != NIL && (bin < SMALL_UNITS || self.links[slot as usize].size == size) {
+                return Some(size);
+            }
+        }
+        if bin >= SMALL_UNITS {
+            if let Some(slot) = self.best_in(bin, size) {
+                return Some(self.links[slot as usize].size);
+            }
+        }
+        let found = self.first_bin_above(bin)?;
+        let slot = if found < SMALL_UNITS { self.heads[found] } else { self.best_in(found, size)? };
+        Some(self.links[slot as usize].size)
+    }
+
     /// The smallest chunk of at least `size` bytes in a large class.
     fn best_in(&self, bin: usize, size: usize) -> Option<u32> {
         let mut best: Option<(usize, u32)> = None;

@@ -8,6 +8,8 @@
 //!   null stream's arena is shared by every thread using it; the per-thread default stream gives
 //!   each thread its own). A chunk goes back to the arena it came from, whatever stream is current
 //!   when it is freed, so memory is only reused in the order of the stream it was allocated on.
+//!   gpumem can do more, off by default: [`Pool::set_share_across_streams`] lends a free chunk of
+//!   one arena to another stream's miss, with the two streams ordered (module `share`).
 //! - `malloc` takes the smallest free chunk at least as large as the request (best fit), splits
 //!   it, lends the head and keeps the rest free. Freeing merges a chunk with its free neighbours
 //!   of the same raw allocation only.
@@ -39,6 +41,7 @@ mod limit;
 pub mod pinned;
 mod policy;
 mod raw;
+mod share;
 pub mod stats;
 mod sync;
 #[cfg(test)]
@@ -59,6 +62,7 @@ use crate::hooks::{self, AllocEvent, Failed, FreeEvent, MallocEvent, Observed};
 use arena::{ArenaState, Lent};
 pub use limit::{Limit, LIMIT_ENV};
 pub use raw::{RawAllocator, RawBlock};
+pub use share::{NoQueuedWork, StreamOrder};
 pub use stats::{
     ArenaStats, BlockSnapshot, BlockState, MemoryStats, OomObserver, PoolSnapshot, PoolStats,
     SegmentSnapshot, Stat,
@@ -122,8 +126,9 @@ pub enum GrowthPolicy {
     /// over in use). With them, the free tail of the growing block is lent last, so such a
     /// tensor goes into a hole that fits and the tail stays whole for the large tensors that
     /// grow it (1.003 on the same steps). What no rule here removes: the arenas of different
-    /// streams never share memory, so a pool used from several streams holds at least the sum
-    /// of each stream's own peak.
+    /// streams share no memory (CuPy's rule), so a pool used from several streams holds at least
+    /// the sum of each stream's own peak, unless [`Pool::set_share_across_streams`] lends free
+    /// memory across them.
     Segments,
 }
 
@@ -194,6 +199,8 @@ struct Shared<R: RawAllocator> {
     n_oom: AtomicU64,
     /// Allocations that went down the retry ladder (released the cache and tried again).
     n_retries: AtomicU64,
+    /// Allocations served by another arena's free chunk (see `share`).
+    n_lent_across: AtomicU64,
     /// The counters of arenas dropped from the pool (they had no memory left), so that the
     /// pool's totals do not go back when an arena goes.
     retired: Mutex<arena::Counters>,
@@ -202,6 +209,10 @@ struct Shared<R: RawAllocator> {
     arenas_since_reset: AtomicUsize,
     /// Called with the pool's snapshot before an out-of-memory error returns.
     oom_observers: Mutex<Vec<Arc<OomObserver>>>,
+    /// How two arenas' streams are ordered, for lending across streams (see `share`).
+    stream_order: std::sync::OnceLock<Box<dyn StreamOrder>>,
+    /// Whether a miss may take another arena's free chunk (see `share`).
+    share: AtomicBool,
 }
 
 /// What [`Pool::set_reclaimer`] installs.
@@ -218,15 +229,30 @@ pub const EXPANDABLE_SEGMENTS_ENV: &str = "GPUMEM_EXPANDABLE_SEGMENTS";
 ///
 /// [`Error::InvalidEnvironment`] for any other value.
 pub fn expandable_segments_from_env() -> Result<Option<bool>> {
-    let Ok(value) = std::env::var(EXPANDABLE_SEGMENTS_ENV) else { return Ok(None) };
+    flag_from_env(EXPANDABLE_SEGMENTS_ENV)
+}
+
+/// The environment variable that makes each new pool of the runtime lend free memory across
+/// streams ([`Pool::set_share_across_streams`]): `1` or `true` on, `0` or `false` off (the
+/// default, CuPy's rule).
+pub const SHARE_ACROSS_STREAMS_ENV: &str = "GPUMEM_SHARE_ACROSS_STREAMS";
+
+/// Reads [`SHARE_ACROSS_STREAMS_ENV`]; `None` when it is not set.
+///
+/// # Errors
+///
+/// [`Error::InvalidEnvironment`] for any other value.
+pub fn share_across_streams_from_env() -> Result<Option<bool>> {
+    flag_from_env(SHARE_ACROSS_STREAMS_ENV)
+}
+
+/// An on/off environment variable: `1`, `true` or `True`; `0`, `false` or `False`.
+fn flag_from_env(variable: &'static str) -> Result<Option<bool>> {
+    let Ok(value) = std::env::var(variable) else { return Ok(None) };
     match value.trim() {
         "1" | "true" | "True" => Ok(Some(true)),
         "0" | "false" | "False" => Ok(Some(false)),
-        _ => Err(Error::InvalidEnvironment {
-            variable: EXPANDABLE_SEGMENTS_ENV,
-            value,
-            expected: "1, true, 0 or false",
-        }),
+        _ => Err(Error::InvalidEnvironment { variable, value, expected: "1, true, 0 or false" }),
     }
 }
 
@@ -303,9 +329,12 @@ impl<R: RawAllocator> Pool<R> {
                 peak_total: AtomicUsize::new(0),
                 n_oom: AtomicU64::new(0),
                 n_retries: AtomicU64::new(0),
+                n_lent_across: AtomicU64::new(0),
                 retired: Mutex::new(arena::Counters::default()),
                 arenas_since_reset: AtomicUsize::new(0),
                 oom_observers: Mutex::new(Vec::new()),
+                stream_order: std::sync::OnceLock::new(),
+                share: AtomicBool::new(false),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -519,6 +548,12 @@ impl<R: RawAllocator> Pool<R> {
                     return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
                 }
             }
+        }
+        if let Some(p) = self.borrow(size, mem_size, key) {
+            return Ok(p);
+        }
+        if let Some(p) = self.grow_shared(size, mem_size, key, cache)? {
+            return Ok(p);
         }
         match self.grow(size, mem_size, key, cache, hooked) {
             Err(e) if e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. }) => {
@@ -861,7 +896,9 @@ impl<R: RawAllocator> Pool<R> {
             if wait {
                 f.fence.wait();
             }
-            if wait || f.fence.is_complete() {
+            // Checked after a wait too: a fence that could not be waited for (one still to be
+            // recorded, inside a host function) keeps its chunk.
+            if f.fence.is_complete() {
                 give_back(f.arena, f.slot);
             } else {
                 kept.push(f);
@@ -1061,6 +1098,7 @@ impl<R: RawAllocator> Pool<R> {
         all.reserved_bytes.peak = (self.shared.peak_total.load(Ordering::Relaxed) as u64).max(total);
         all.oom_errors = self.shared.n_oom.load(Ordering::Relaxed);
         all.retries = self.shared.n_retries.load(Ordering::Relaxed);
+        all.lent_across_streams = self.shared.n_lent_across.load(Ordering::Relaxed);
         PoolStats {
             device: self.shared.device,
             all,
@@ -1167,8 +1205,10 @@ pub struct PooledMemory<R: RawAllocator> {
     device: DeviceId,
     ptr: DevicePtr,
     size: usize,
-    /// The id hooks see for a zero-size allocation, which has no chunk.
-    empty_id: u64,
+    /// For a zero-size allocation (no chunk): the id hooks see. For a chunk lent to another
+    /// stream than its arena's (see `share`): the borrower's arena key plus one. Else 0, which the
+    /// free path tests, so that a plain chunk pays one comparison for this.
+    tag: u64,
 }
 
 impl<R: RawAllocator> PooledMemory<R> {
@@ -1181,8 +1221,21 @@ impl<R: RawAllocator> PooledMemory<R> {
             device: arena.get().shared.device,
             ptr: lent.ptr,
             size,
-            empty_id: 0,
+            tag: 0,
         }
+    }
+
+    /// The chunk `lent` by `arena` (another stream's) to arena `borrower`'s stream.
+    fn borrowed(arena: &ArenaRef<Arena<R>>, lent: Lent, size: usize, borrower: ArenaKey) -> Self {
+        let mut p = Self::lent(arena, lent, size);
+        p.tag = borrower.raw().wrapping_add(1);
+        p
+    }
+
+    /// For a chunk (the caller has its arena): the arena key of the stream it was lent to, when
+    /// that is not its arena's stream.
+    fn borrower(&self) -> Option<ArenaKey> {
+        (self.tag != 0).then(|| ArenaKey(self.tag.wrapping_sub(1)))
     }
 
     fn empty(device: DeviceId) -> Self {
@@ -1193,7 +1246,7 @@ impl<R: RawAllocator> PooledMemory<R> {
             device,
             ptr: 0,
             size: 0,
-            empty_id: NEXT.fetch_add(1, Ordering::Relaxed),
+            tag: NEXT.fetch_add(1, Ordering::Relaxed),
         }
     }
 
@@ -1209,7 +1262,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn pmem_id(&self) -> u64 {
         match &self.arena {
             Some(arena) => pmem_id_of(arena.get(), self.slot),
-            None => self.empty_id,
+            None => self.tag,
         }
     }
 
@@ -1246,6 +1299,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn free(mut self) -> Result<()> {
         match self.arena.take() {
             None => Ok(()),
+            Some(arena) if self.tag != 0 => Ok(self.return_borrowed(arena, None)?),
             Some(arena) if !hooks::active() => {
                 give_back(arena, self.slot);
                 Ok(())
@@ -1263,12 +1317,47 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn free_after(mut self, fence: Box<dyn Fence>) -> Result<()> {
         match self.arena.take() {
             None => Ok(()),
+            Some(arena) if self.tag != 0 => Ok(self.return_borrowed(arena, Some(fence))?),
             Some(arena) if !hooks::active() => {
                 release_fenced(arena, self.slot, fence);
                 Ok(())
             }
             Some(arena) => Ok(self.free_hooked_after(arena, fence)?),
         }
+    }
+
+    /// Returns a chunk lent to another stream than its arena's, behind a fence on the borrower's
+    /// stream (and `fence`, if any), between the free hooks if any is installed.
+    ///
+    /// # Errors
+    ///
+    /// The first error a free hook returned; the chunk is released behind its fences either way.
+    #[cold]
+    #[inline(never)]
+    fn return_borrowed(
+        &self,
+        arena: ArenaRef<Arena<R>>,
+        fence: Option<Box<dyn Fence>>,
+    ) -> Result<(), Failed> {
+        let own = match (self.borrower(), arena.get().shared.stream_order.get()) {
+            (Some(borrower), Some(order)) => Some(order.fence_after(borrower)),
+            // Not reached: a chunk is borrowed only through the installed order, which stays.
+            _ => None,
+        };
+        let fence = match (own, fence) {
+            (Some(a), Some(b)) => Some(Box::new(share::Both(a, b)) as Box<dyn Fence>),
+            (a, b) => a.or(b),
+        };
+        // A fence already complete (the borrower's stream was idle) needs no parking.
+        let fence = fence.filter(|f| !f.is_complete());
+        if hooks::active() {
+            return self.free_hooked_behind(arena, fence);
+        }
+        match fence {
+            Some(fence) => release_fenced(arena, self.slot, fence),
+            None => give_back(arena, self.slot),
+        }
+        Ok(())
     }
 
     /// Returns the chunk now between the free hooks (see [`PooledMemory::free_hooked_behind`]).
@@ -1364,9 +1453,12 @@ fn release_fenced<R: RawAllocator>(arena: ArenaRef<Arena<R>>, slot: u32, fence: 
         st.orphaned
     };
     if orphaned {
-        // The pool is gone and nobody would look at the fence again: wait for it here.
+        // The pool is gone and nobody would look at the fence again: wait for it here. A fence
+        // that cannot complete now (see `collect_fenced`) keeps its chunk, and the arena, for good.
         fence.wait();
-        give_back(arena, slot);
+        if fence.is_complete() {
+            give_back(arena, slot);
+        }
         return;
     }
     let shared = Arc::clone(&arena.get().shared);
@@ -1429,9 +1521,15 @@ fn release_returned_block<R: RawAllocator>(
 }
 
 impl<R: RawAllocator> Drop for PooledMemory<R> {
+    // Inlined into the caller's drop, so that the free of a cache hit is no call of its own.
+    #[inline(always)]
     fn drop(&mut self) {
         if let Some(arena) = self.arena.take() {
-            if hooks::active() {
+            if self.tag != 0 {
+                if let Err(e) = self.return_borrowed(arena, None) {
+                    hooks::record_drop_error(e.into());
+                }
+            } else if hooks::active() {
                 // A hook's error cannot be returned from `drop`; `free()` reports it, and the
                 // hooks' own error slot records it (see `hooks::take_drop_error`).
                 if let Err(e) = self.free_hooked(arena) {

@@ -79,6 +79,11 @@ pub struct MemoryStats {
     pub oom_errors: u64,
     /// Allocations that released the cache and retried (the retry ladder's runs); 0 per arena.
     pub retries: u64,
+    /// Allocations served by a free chunk of another stream's arena
+    /// ([`Pool::set_share_across_streams`](super::Pool::set_share_across_streams)); 0 per arena.
+    /// They count among their owner arena's allocations, not the borrower's.
+    #[cfg_attr(feature = "serde", serde(default))]
+    pub lent_across_streams: u64,
 }
 
 impl MemoryStats {
@@ -96,6 +101,7 @@ impl MemoryStats {
             cache_misses: c.misses,
             oom_errors: 0,
             retries: 0,
+            lent_across_streams: 0,
         }
     }
 }

@@ -626,8 +626,8 @@ fn the_random_trace_on_one_stream_holds_within_six_percent_with_expandable_segme
 #[test]
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn on_several_streams_the_pool_holds_at_least_the_sum_of_each_streams_own_peak() {
-    // Why the random trace on its four streams cannot get near its peak in use: the streams'
-    // arenas never share memory.
+    // Why the random trace on its four streams cannot get near its peak in use while the streams'
+    // arenas share no memory (CuPy's rule, the default).
     let steps = trace::standard_random();
     let stream_of: HashMap<u64, usize> = steps
         .iter()
@@ -1015,5 +1015,171 @@ fn peaks_match_a_model_that_compares_on_every_step() {
         ];
         assert_eq!(current, model.now(), "current values after step {step}");
         assert_eq!(peaks, model.peaks, "peaks after step {step}");
+    }
+}
+
+// Lending across streams.
+
+/// A stream order that records what the pool asked of it; `can` and `ok` say how it answers.
+#[derive(Default)]
+struct Orders {
+    refuse: AtomicBool,
+    fail: AtomicBool,
+    ordered: Mutex<Vec<(ArenaKey, ArenaKey)>>,
+    fences: Mutex<Vec<(ArenaKey, Arc<AtomicBool>)>>,
+}
+
+impl StreamOrder for Arc<Orders> {
+    fn can_order(&self, _owner: ArenaKey, _borrower: ArenaKey) -> bool {
+        !self.refuse.load(Ordering::Relaxed)
+    }
+    fn order_after(&self, owner: ArenaKey, borrower: ArenaKey) -> bool {
+        if self.fail.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.ordered.lock().unwrap().push((owner, borrower));
+        true
+    }
+    fn fence_after(&self, borrower: ArenaKey) -> Box<dyn Fence> {
+        let flag = Arc::new(AtomicBool::new(false));
+        self.fences.lock().unwrap().push((borrower, Arc::clone(&flag)));
+        Box::new(Flag(flag))
+    }
+}
+
+fn sharing_pool() -> (Pool<Mock>, Mock, ArenaCache, Arc<Orders>) {
+    let (pool, mock, cache) = pool();
+    let orders = Arc::new(Orders::default());
+    pool.set_stream_order(Box::new(Arc::clone(&orders)));
+    pool.set_share_across_streams(true).unwrap();
+    (pool, mock, cache, orders)
+}
+
+#[test]
+fn sharing_across_streams_is_off_by_default_and_needs_a_stream_order() {
+    let (pool, _, _) = pool();
+    assert!(!pool.shares_across_streams());
+    assert!(matches!(pool.set_share_across_streams(true), Err(Error::InvalidArgument(_))));
+    pool.set_stream_order(Box::new(NoQueuedWork));
+    pool.set_share_across_streams(true).unwrap();
+    assert!(pool.shares_across_streams());
+}
+
+#[test]
+fn a_miss_takes_another_streams_free_chunk_and_it_returns_behind_the_borrowers_fence() {
+    let (pool, mock, cache, orders) = sharing_pool();
+    let (a, b) = (ArenaKey::stream(10), ArenaKey::stream(20));
+    let p = pool.malloc(1000, a, &cache).unwrap();
+    let address = p.ptr();
+    drop(p);
+    // Stream b's arena is empty: it borrows a's chunk, with b ordered after a.
+    let q = pool.malloc(1000, b, &cache).unwrap();
+    assert_eq!(q.ptr(), address);
+    assert_eq!(*orders.ordered.lock().unwrap(), vec![(a, b)]);
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 1, "no raw allocation");
+    assert_eq!(pool.stats().all.lent_across_streams, 1);
+    drop(q);
+    // Back to a's arena behind a fence on b: a does not reuse it until the fence completes.
+    let fence = {
+        let fences = orders.fences.lock().unwrap();
+        assert_eq!(fences.len(), 1);
+        assert_eq!(fences[0].0, b);
+        Arc::clone(&fences[0].1)
+    };
+    assert_eq!(pool.used_bytes(), 1024, "still active behind its fence");
+    let r = pool.malloc(1000, a, &cache).unwrap();
+    assert_ne!(r.ptr(), address, "lent while the borrower's work may still use it");
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 2);
+    fence.store(true, Ordering::Release);
+    let s = pool.malloc(1000, a, &cache).unwrap();
+    assert_eq!(s.ptr(), address, "back in its owner's arena once the fence completed");
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 2);
+    assert_eq!(orders.ordered.lock().unwrap().len(), 1, "a's own chunks need no order");
+}
+
+#[test]
+fn no_chunk_is_lent_across_streams_the_order_cannot_order() {
+    let (pool, mock, cache, orders) = sharing_pool();
+    let (a, b) = (ArenaKey::stream(10), ArenaKey::stream(20));
+    let address = pool.malloc(1000, a, &cache).unwrap().ptr();
+    orders.refuse.store(true, Ordering::Relaxed);
+    let q = pool.malloc(1000, b, &cache).unwrap();
+    assert_ne!(q.ptr(), address);
+    orders.refuse.store(false, Ordering::Relaxed);
+    orders.fail.store(true, Ordering::Relaxed);
+    let r = pool.malloc(1000, b, &cache).unwrap();
+    assert_ne!(r.ptr(), address, "the order failed: the chunk stays a's");
+    assert_eq!(mock.calls.load(Ordering::Relaxed), 3);
+    assert_eq!(pool.stats().all.lent_across_streams, 0);
+    // The chunk taken and given back is a's, as before, and a plain free of b's goes back at once.
+    let own = pool.try_hit(1000, a, &cache).expect("a's chunk, still free in a's arena");
+    assert_eq!(own.ptr(), address);
+    drop((q, r, own));
+    assert!(orders.fences.lock().unwrap().is_empty());
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
+fn with_expandable_segments_a_miss_grows_the_home_arenas_block() {
+    const MIB: usize = 1 << 20;
+    let (pool, allocator, cache) = expandable_segments_pool();
+    pool.set_stream_order(Box::new(NoQueuedWork));
+    pool.set_share_across_streams(true).unwrap();
+    let (a, b) = (ArenaKey::stream(10), ArenaKey::stream(20));
+    let first = pool.malloc(30 * MIB, a, &cache).unwrap();
+    // Nothing free anywhere: b's miss grows a's block rather than making a block of its own.
+    let second = pool.malloc(30 * MIB, b, &cache).unwrap();
+    assert_eq!(second.ptr(), first.ptr() + 30 * MIB, "one block, grown in place");
+    assert_eq!(pool.stats().all.segments.allocated, 1);
+    assert_eq!(pool.stats().all.lent_across_streams, 1);
+    drop((first, second));
+    assert_eq!(pool.used_bytes(), 0);
+    pool.free_all_blocks(None);
+    assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+fn shared_across_streams_the_random_trace_holds_as_on_one_stream() {
+    let steps = trace::standard_random();
+    let shared = trace::ReplayOptions { expandable: true, share_across_streams: true, mark: None };
+    let r = trace::replay_with(&steps, GrowthPolicy::Segments, shared).unwrap();
+    let one = trace::replay_expandable(&trace::on_one_stream(&steps), GrowthPolicy::Segments).unwrap();
+    let apart = trace::replay_expandable(&steps, GrowthPolicy::Segments).unwrap();
+    assert!(r.ratio() < 1.06, "held / in use {:.4}", r.ratio());
+    assert!(r.peak_held <= one.peak_held, "{} held, {} on one stream", r.peak_held, one.peak_held);
+    assert!(r.raw_allocs < apart.raw_allocs && r.peak_held < apart.peak_held);
+    assert_eq!(r.raw_frees, 0);
+    assert!(r.lent_across_streams > 0);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+fn shared_across_streams_chunks_stay_disjoint_and_every_byte_comes_back() {
+    let steps = trace::random(11, 6000, 0.52, 256.0 * 1024.0, 2.0, 64 << 20, 4);
+    for expandable in [false, true] {
+        let allocator = if expandable {
+            trace::CountingAllocator::expandable(2 << 20)
+        } else {
+            trace::CountingAllocator::default()
+        };
+        let pool = Pool::new(0, allocator.clone());
+        pool.set_growth_policy(GrowthPolicy::Segments);
+        pool.set_expandable_segments(expandable).unwrap();
+        pool.set_stream_order(Box::new(NoQueuedWork));
+        pool.set_share_across_streams(true).unwrap();
+        let cache = ArenaCache::new();
+        let mut live = HashMap::new();
+        replay_into(&pool, &cache, &steps, &mut live, |p, live| {
+            let (start, end) = (p.ptr(), p.ptr() + p.size());
+            for other in live.values() {
+                assert!(end <= other.ptr() || other.ptr() + other.size() <= start, "overlapping chunks");
+            }
+        });
+        assert!(pool.stats().all.lent_across_streams > 0, "expandable {expandable}");
+        drop(live);
+        assert_eq!(pool.used_bytes(), 0);
+        pool.free_all_blocks(None);
+        assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
     }
 }

@@ -286,6 +286,8 @@ pub struct ReplayStats {
     /// Raw allocations and frees from step `mark` on, for a replay given one
     /// ([`replay_from`]): a training trace's second step, say, where a loop that settles makes none.
     pub raw_calls_from_mark: Option<usize>,
+    /// Allocations served by another stream's free chunk ([`ReplayOptions::share_across_streams`]).
+    pub lent_across_streams: usize,
 }
 
 impl ReplayStats {
@@ -416,7 +418,7 @@ impl RawAllocator for CountingAllocator {
 ///
 /// The pool's errors (none on this allocator, which never runs out).
 pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
-    replay_on(steps, policy, CountingAllocator::default(), None)
+    replay_on(steps, policy, CountingAllocator::default(), ReplayOptions::default())
 }
 
 /// As [`replay`], with expandable segments on (blocks grow in 2 MiB granules, each growth a
@@ -426,7 +428,7 @@ pub fn replay(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
 ///
 /// As [`replay`].
 pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayStats> {
-    replay_on(steps, policy, CountingAllocator::expandable(2 << 20), None)
+    replay_on(steps, policy, CountingAllocator::expandable(2 << 20), ReplayOptions::default())
 }
 
 /// As [`replay`] (or [`replay_expandable`], with `expandable`), also counting the raw calls made
@@ -441,21 +443,49 @@ pub fn replay_from(
     expandable: bool,
     mark: usize,
 ) -> Result<ReplayStats> {
-    let allocator =
-        if expandable { CountingAllocator::expandable(2 << 20) } else { CountingAllocator::default() };
-    replay_on(steps, policy, allocator, Some(mark))
+    replay_with(steps, policy, ReplayOptions { expandable, mark: Some(mark), ..ReplayOptions::default() })
+}
+
+/// How [`replay_with`] sets up its pool.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ReplayOptions {
+    /// Expandable segments (blocks grow in 2 MiB granules, each growth a counted raw allocation).
+    pub expandable: bool,
+    /// Free memory lent across the trace's streams ([`Pool::set_share_across_streams`], with
+    /// [`NoQueuedWork`](super::NoQueuedWork): the replay runs no device work).
+    pub share_across_streams: bool,
+    /// Count the raw calls made from this step index on ([`ReplayStats::raw_calls_from_mark`]).
+    pub mark: Option<usize>,
+}
+
+/// Replays `steps` through a new pool with `policy`, set up as `options` say.
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn replay_with(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayStats> {
+    let allocator = if options.expandable {
+        CountingAllocator::expandable(2 << 20)
+    } else {
+        CountingAllocator::default()
+    };
+    replay_on(steps, policy, allocator, options)
 }
 
 fn replay_on(
     steps: &[Step],
     policy: GrowthPolicy,
     allocator: CountingAllocator,
-    mark: Option<usize>,
+    options: ReplayOptions,
 ) -> Result<ReplayStats> {
     let pool = Pool::new(0, allocator.clone());
     pool.set_growth_policy(policy);
     if allocator.expandable() {
         pool.set_expandable_segments(true)?;
+    }
+    if options.share_across_streams {
+        pool.set_stream_order(Box::new(super::NoQueuedWork));
+        pool.set_share_across_streams(true)?;
     }
     let cache = ArenaCache::new();
     let mut live = HashMap::new();
@@ -463,7 +493,7 @@ fn replay_on(
     let calls = || c.allocs.load(Ordering::Relaxed) + c.frees.load(Ordering::Relaxed);
     let mut at_mark = None;
     for (i, step) in steps.iter().enumerate() {
-        if Some(i) == mark {
+        if Some(i) == options.mark {
             at_mark = Some(calls());
         }
         match *step {
@@ -481,6 +511,7 @@ fn replay_on(
         raw_allocs: c.allocs.load(Ordering::Relaxed),
         raw_frees: c.frees.load(Ordering::Relaxed),
         raw_calls_from_mark,
+        lent_across_streams: pool.stats().all.lent_across_streams as usize,
     })
 }
 

@@ -204,6 +204,10 @@ pub struct Globals<B: Runtime> {
     pub(crate) panics: parking_lot::Mutex<Vec<(ArenaKey, String)>>,
     /// What queued work and captures keep alive (see `stream::inflight`).
     pub(crate) inflight: crate::runtime::stream::inflight::InFlight<B>,
+    /// The live streams gpumem owns, by arena key (see `stream::owned_stream`).
+    pub(crate) owned_streams: parking_lot::Mutex<
+        std::collections::HashMap<ArenaKey, std::sync::Weak<crate::runtime::stream::Inner<B>>>,
+    >,
     /// Drops that a callback could not do (freeing memory, destroying a handle, waiting),
     /// done at the next `synchronize` or asynchronous operation on a user thread.
     pub(crate) deferred_drops: parking_lot::Mutex<Vec<Deferred>>,
@@ -231,6 +235,7 @@ impl<B: Runtime> Globals<B> {
             device_count: OnceLock::new(),
             panics: parking_lot::Mutex::new(Vec::new()),
             inflight: crate::runtime::stream::inflight::InFlight::new(),
+            owned_streams: parking_lot::Mutex::new(std::collections::HashMap::new()),
             deferred_drops: parking_lot::Mutex::new(Vec::new()),
             any_deferred_drops: std::sync::atomic::AtomicBool::new(false),
             reaper: OnceLock::new(),

@@ -5,6 +5,7 @@
 pub mod async_pool;
 mod device;
 mod multi;
+mod share;
 #[cfg(test)]
 mod tests;
 
@@ -25,6 +26,7 @@ use crate::runtime::stream::Stream;
 pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool};
 pub use device::{DeviceAllocator, DeviceBlock};
 pub use multi::MemoryPool;
+pub use share::EventStreamOrder;
 
 /// A raw allocator made of a function returning boxed memory objects, for allocators whose
 /// blocks are of several kinds. Each block costs a box; [`RawAllocator`] with a block type of its
@@ -133,13 +135,33 @@ where
                 crate::runtime::stream::inflight::collect::<B>();
             }
         }));
+        // Lending across streams orders the streams with events; off unless asked for.
+        pool.pool.set_stream_order(Box::new(EventStreamOrder::<B>::new(device)));
         if let Some(limit) = Limit::from_env()? {
             pool.set_limit(limit)?;
         }
         if pool.pool.allocator().expandable() {
             pool.pool.set_expandable_segments(true)?;
         }
+        if crate::pool::share_across_streams_from_env()? == Some(true) {
+            pool.pool.set_share_across_streams(true)?;
+        }
         Ok(pool)
+    }
+
+    /// Lends free memory of one stream's arena to allocations on another stream when their own
+    /// arena has none that fits, before the pool asks the device for more (off by default, and
+    /// with `GPUMEM_SHARE_ACROSS_STREAMS=0`; on with `GPUMEM_SHARE_ACROSS_STREAMS=1`). gpumem
+    /// differs from CuPy here when on: CuPy never lends one stream's memory to another. The
+    /// streams are ordered with events, so no safe program sees a race and a kernel of the
+    /// program's own that used the memory on its old stream before the free is waited for too:
+    /// the borrowing stream waits (on the device) for the work queued on the owner's stream so
+    /// far, and the memory goes back to the owner's arena behind an event on the borrower's.
+    /// Streams gpumem owns and the null and legacy default streams take part; per-thread default
+    /// streams and foreign streams do not ([`EventStreamOrder`]).
+    pub fn set_share_across_streams(&self, on: bool) {
+        // The order is installed above, so turning it on cannot fail.
+        let _ = self.pool.set_share_across_streams(on);
     }
 
     /// The pool data structure underneath.

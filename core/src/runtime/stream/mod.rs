@@ -5,7 +5,7 @@ use std::any::Any;
 use std::ffi::c_void;
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 use crate::error::{Error, Result};
 use crate::hal::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
@@ -39,7 +39,8 @@ enum Kind {
     Default,
 }
 
-struct Inner<B: Runtime> {
+/// A stream's handle and what owns it, shared by the stream's clones.
+pub(crate) struct Inner<B: Runtime> {
     handle: B::Stream,
     device_id: Option<DeviceId>,
     kind: Kind,
@@ -49,6 +50,9 @@ struct Inner<B: Runtime> {
 
 impl<B: Runtime> Drop for Inner<B> {
     fn drop(&mut self) {
+        if self.kind != Kind::Default {
+            forget_owned::<B>(self);
+        }
         if self.kind == Kind::Owned {
             let (dev, handle) = (self.device_id.unwrap_or(0), self.handle);
             crate::runtime::state::drop_outside_callbacks::<B>(move || {
@@ -61,6 +65,37 @@ impl<B: Runtime> Drop for Inner<B> {
                 }
             });
         }
+    }
+}
+
+/// The live stream gpumem owns whose arena key is `key`: how the pool's stream order finds the
+/// stream behind another stream's arena (`pools::share`). `None` for the default streams, foreign
+/// streams and streams already destroyed.
+pub(crate) fn owned_stream<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
+    // The lock is released before anything is dropped: dropping a stream's last clone takes it.
+    let found = B::globals().owned_streams.lock().get(&key).map(Weak::upgrade);
+    match found {
+        Some(Some(inner)) if inner.kind == Kind::Owned => Some(Stream { inner }),
+        Some(other) => {
+            drop(other);
+            // Being destroyed, or given up by `into_raw`: no longer gpumem's.
+            let mut streams = B::globals().owned_streams.lock();
+            if streams.get(&key).is_some_and(|w| w.strong_count() == 0) {
+                streams.remove(&key);
+            }
+            None
+        }
+        None => None,
+    }
+}
+
+/// Takes `inner` out of the owned streams, if it is the one listed under its key (a stream
+/// created later may have the same handle).
+fn forget_owned<B: Runtime>(inner: &Inner<B>) {
+    let key = ArenaKey::stream(B::stream_to_raw(inner.handle));
+    let mut streams = B::globals().owned_streams.lock();
+    if streams.get(&key).is_some_and(|w| std::ptr::eq(w.as_ptr(), inner) || w.strong_count() == 0) {
+        streams.remove(&key);
     }
 }
 
@@ -141,7 +176,11 @@ impl<B: Runtime> Stream<B> {
         kind: Kind,
         owner: Option<Arc<dyn Any + Send + Sync>>,
     ) -> Self {
-        Stream { inner: Arc::new(Inner { handle, device_id, kind, _owner: owner }) }
+        let stream = Stream { inner: Arc::new(Inner { handle, device_id, kind, _owner: owner }) };
+        if kind == Kind::Owned {
+            B::globals().owned_streams.lock().insert(stream.arena_key(), Arc::downgrade(&stream.inner));
+        }
+        stream
     }
 
     /// Creates a blocking stream with the default priority on the current device.

@@ -1,0 +1,212 @@
+//! [`EventStreamOrder`]: the runtime's [`StreamOrder`], which lets a pool lend one stream's free
+//! memory to another stream (see [`crate::pool::Pool::set_share_across_streams`]).
+//!
+//! The streams it orders are those it can name from an arena key alone: the streams gpumem owns
+//! (created by [`Stream::new`] and its siblings, or taken over with [`Stream::from_raw`]) while they
+//! live, and the null and legacy default streams. A per-thread default stream is the calling
+//! thread's only, and a foreign stream's handle is live only as long as its owner says, so memory
+//! of their arenas is not lent to other streams and they borrow none.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use parking_lot::Mutex;
+
+use crate::hal::{DeviceId, EventFlags};
+use crate::pool::{ArenaKey, Fence, StreamOrder};
+use crate::runtime::state::{drop_outside_callbacks, record_drop_error, run_deferred, Runtime};
+use crate::runtime::stream::{self, Event, Stream, LEGACY_STREAM_PTR, NULL_STREAM_PTR};
+
+/// Orders two streams of device `device` with an event: the borrower's stream waits on the
+/// device for an event recorded on the owner's, and a lent chunk comes back behind an event
+/// recorded on the borrower's. Nothing waits on the host.
+pub struct EventStreamOrder<B: Runtime> {
+    device: DeviceId,
+    /// The borrowers' streams, each with its number of chunks still lent: a stream is kept alive
+    /// until its last borrowed chunk has come back, so that the fence can be recorded on it.
+    borrowers: Mutex<HashMap<ArenaKey, (Stream<B>, usize)>>,
+    /// The event each order records on the owner's stream and makes the borrower's wait for.
+    /// One serves every order: a wait takes the record made before it, so the next record
+    /// changes nothing for a wait already queued.
+    order_event: Mutex<Option<Event<B>>>,
+    /// Events of completed fences, for the next ones (an event made and destroyed per fence
+    /// would be two more driver calls for each chunk lent across streams).
+    spare: Arc<Mutex<Vec<Event<B>>>>,
+}
+
+/// At most this many spare fence events are kept.
+const SPARE_EVENTS: usize = 64;
+
+impl<B: Runtime> EventStreamOrder<B> {
+    /// The order for a pool of device `device`.
+    #[must_use]
+    pub fn new(device: DeviceId) -> Self {
+        EventStreamOrder {
+            device,
+            borrowers: Mutex::new(HashMap::new()),
+            order_event: Mutex::new(None),
+            spare: Arc::new(Mutex::new(Vec::new())),
+        }
+    }
+}
+
+/// An event without timing on `device`: the cheapest kind to record and wait for.
+fn event_on<B: Runtime>(device: DeviceId) -> crate::Result<Event<B>> {
+    Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() })
+}
+
+/// The stream behind arena `key`, when this order can name it (see the module docs).
+fn stream_of<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
+    if key.per_thread_number().is_some() {
+        return None;
+    }
+    match usize::try_from(key.raw()) {
+        Ok(NULL_STREAM_PTR) => Some(Stream::null()),
+        Ok(LEGACY_STREAM_PTR) => Some(Stream::legacy()),
+        Ok(_) => stream::owned_stream::<B>(key),
+        Err(_) => None,
+    }
+}
+
+impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
+    fn can_order(&self, owner: ArenaKey, borrower: ArenaKey) -> bool {
+        // No event is recorded inside a host function, and none while gpumem captures (a record on
+        // a capturing stream would become part of the graph).
+        owner != borrower
+            && !stream::callback::in_callback()
+            && !stream::inflight::any_capture::<B>()
+            && stream_of::<B>(owner).is_some()
+            && stream_of::<B>(borrower).is_some()
+    }
+
+    fn order_after(&self, owner: ArenaKey, borrower: ArenaKey) -> bool {
+        let (Some(from), Some(to)) = (stream_of::<B>(owner), stream_of::<B>(borrower)) else {
+            return false;
+        };
+        // A capture gpumem did not begin is found here (a driver call each, on a miss only).
+        if from.is_capturing().unwrap_or(true) || to.is_capturing().unwrap_or(true) {
+            return false;
+        }
+        {
+            let mut event = self.order_event.lock();
+            if event.is_none() {
+                *event = event_on::<B>(self.device).ok();
+            }
+            let Some(e) = event.as_ref() else { return false };
+            if e.record(Some(&from)).and_then(|()| to.wait_event(e)).is_err() {
+                return false;
+            }
+        }
+        self.borrowers.lock().entry(borrower).or_insert_with(|| (to, 0)).1 += 1;
+        true
+    }
+
+    fn fence_after(&self, borrower: ArenaKey) -> Box<dyn Fence> {
+        let stream = {
+            let mut borrowers = self.borrowers.lock();
+            match borrowers.get_mut(&borrower) {
+                Some((stream, n)) => {
+                    *n -= 1;
+                    let stream = stream.clone();
+                    if *n == 0 {
+                        borrowers.remove(&borrower);
+                    }
+                    Some(stream)
+                }
+                None => None,
+            }
+        };
+        let fence = Arc::new(Mutex::new(Recorded::Pending));
+        let slot = Arc::clone(&fence);
+        let device = self.device;
+        let spare = Arc::clone(&self.spare);
+        // Recorded outside host functions (a chunk may be dropped inside one), where no runtime
+        // call is allowed: the fence stays incomplete until then.
+        drop_outside_callbacks::<B>(move || {
+            let recorded = match stream {
+                Some(stream) => {
+                    let event = spare.lock().pop().map_or_else(|| event_on::<B>(device), Ok);
+                    match event.and_then(|e| e.record(Some(&stream)).map(|()| e)) {
+                        Ok(event) => Recorded::Event(event),
+                        Err(e) => {
+                            // No event: wait for the stream itself, so the chunk is free to reuse.
+                            record_drop_error::<B>(e);
+                            if let Err(e) = stream.synchronize() {
+                                record_drop_error::<B>(e);
+                            }
+                            Recorded::Done
+                        }
+                    }
+                }
+                None => {
+                    // Not reached for a chunk this order lent (its stream is kept above); for
+                    // anything else the whole device is waited for.
+                    if let Err(e) = B::device_synchronize(device) {
+                        record_drop_error::<B>(e);
+                    }
+                    Recorded::Done
+                }
+            };
+            *slot.lock() = recorded;
+        });
+        Box::new(BorrowerFence::<B> { recorded: fence, spare: Arc::clone(&self.spare) })
+    }
+}
+
+/// What a borrowed chunk's fence waits for.
+enum Recorded<B: Runtime> {
+    /// Not recorded yet (the chunk came back inside a host function).
+    Pending,
+    /// The event recorded on the borrower's stream when the chunk came back.
+    Event(Event<B>),
+    /// Nothing to wait for any more.
+    Done,
+}
+
+struct BorrowerFence<B: Runtime> {
+    recorded: Arc<Mutex<Recorded<B>>>,
+    /// Where its event goes once complete.
+    spare: Arc<Mutex<Vec<Event<B>>>>,
+}
+
+impl<B: Runtime> Drop for BorrowerFence<B> {
+    fn drop(&mut self) {
+        if stream::callback::in_callback() {
+            return;
+        }
+        let recorded = std::mem::replace(&mut *self.recorded.lock(), Recorded::Done);
+        if let Recorded::Event(e) = recorded {
+            // Kept only once its record has completed, so a later record starts from nothing.
+            let mut spare = self.spare.lock();
+            if spare.len() < SPARE_EVENTS && e.query().unwrap_or(false) {
+                spare.push(e);
+            }
+        }
+    }
+}
+
+impl<B: Runtime> Fence for BorrowerFence<B> {
+    fn is_complete(&self) -> bool {
+        match &*self.recorded.lock() {
+            Recorded::Pending => false,
+            // An error here is the device's sticky one: no more work runs.
+            Recorded::Event(e) => e.query().unwrap_or(true),
+            Recorded::Done => true,
+        }
+    }
+
+    fn wait(&self) {
+        if !stream::callback::in_callback() {
+            // The record itself may be waiting for a host function to end.
+            run_deferred::<B>();
+        }
+        let event = match &*self.recorded.lock() {
+            Recorded::Event(e) => e.clone(),
+            // Still pending only inside a host function: the pool keeps the chunk fenced.
+            Recorded::Pending | Recorded::Done => return,
+        };
+        if let Err(e) = event.synchronize() {
+            record_drop_error::<B>(e);
+        }
+    }
+}

@@ -1,0 +1,25 @@
+//! `GPUMEM_SHARE_ACROSS_STREAMS` makes each new pool lend free memory across streams. A test
+//! binary of its own: the environment is process-wide, so nothing else may run beside it.
+
+use gpumem::{MemoryPool, SingleDeviceMemoryPool};
+
+#[test]
+#[cfg_attr(
+    any(feature = "cuda", feature = "hip"),
+    ignore = "needs a GPU: run with --include-ignored on a machine that has one"
+)]
+fn the_environment_variable_makes_each_new_pool_share_memory_across_streams() {
+    assert!(!SingleDeviceMemoryPool::new(0).unwrap().pool().shares_across_streams(), "off by default");
+    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "1");
+    assert!(SingleDeviceMemoryPool::new(0).unwrap().pool().shares_across_streams());
+    assert!(MemoryPool::new().device_pool(0).unwrap().pool().shares_across_streams());
+
+    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "0");
+    assert!(!SingleDeviceMemoryPool::new(0).unwrap().pool().shares_across_streams());
+
+    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "yes");
+    let err = SingleDeviceMemoryPool::new(0).unwrap_err();
+    assert!(matches!(err, gpumem::Error::InvalidEnvironment { .. }), "{err:?}");
+    assert!(err.to_string().contains("GPUMEM_SHARE_ACROSS_STREAMS=\"yes\""), "{err}");
+    std::env::remove_var("GPUMEM_SHARE_ACROSS_STREAMS");
+}
