@@ -11,9 +11,8 @@ macro_rules! __share_tests {
             use super::gpumem;
             use $crate::$flavor as conformance;
 
-            use std::sync::atomic::{AtomicBool, Ordering};
-            use std::sync::{mpsc, Arc, Mutex};
-            use std::time::Duration;
+            use std::sync::{Arc, Mutex};
+            use std::time::{Duration, Instant};
 
             use gpumem::{MemoryPointer, Stream};
 
@@ -32,23 +31,25 @@ macro_rules! __share_tests {
                 pool.malloc(N).unwrap()
             }
 
-            /// Holds `s` with a host function until the returned sender is used or dropped (ten
-            /// seconds at most, so that a device-wide wait elsewhere cannot hang for good).
-            fn hold(s: &Stream) -> mpsc::Sender<()> {
-                let (go, wait) = mpsc::channel::<()>();
-                let wait = Mutex::new(wait);
+            /// Queues a host function that keeps `s` busy for `ms` milliseconds and notes when it
+            /// ended. Timestamps, not a wait on the host, tell the order of two streams' work: a
+            /// device-wide wait elsewhere (another test's) may stall this thread for any time.
+            fn busy(s: &Stream, ms: u64) -> Arc<Mutex<Option<Instant>>> {
+                let ended = Arc::new(Mutex::new(None));
+                let at = Arc::clone(&ended);
                 s.launch_host_func(move || {
-                    let _ = wait.lock().map(|w| w.recv_timeout(Duration::from_secs(10)));
+                    std::thread::sleep(Duration::from_millis(ms));
+                    *at.lock().unwrap() = Some(Instant::now());
                 })
                 .unwrap();
-                go
+                ended
             }
 
-            /// A flag a host function queued on `s` sets.
-            fn mark(s: &Stream) -> Arc<AtomicBool> {
-                let ran = Arc::new(AtomicBool::new(false));
-                let flag = Arc::clone(&ran);
-                s.launch_host_func(move || flag.store(true, Ordering::SeqCst)).unwrap();
+            /// Notes when a host function queued on `s` ran.
+            fn mark(s: &Stream) -> Arc<Mutex<Option<Instant>>> {
+                let ran = Arc::new(Mutex::new(None));
+                let at = Arc::clone(&ran);
+                s.launch_host_func(move || *at.lock().unwrap() = Some(Instant::now())).unwrap();
                 ran
             }
 
@@ -58,20 +59,18 @@ macro_rules! __share_tests {
                     let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
                     let p = malloc_on(&pool, &a);
                     let address = p.ptr();
-                    // Work of the program's own may still use p on a: a is held, and p freed.
-                    let go = hold(&a);
+                    // Work of the program's own may still use p on a: a is busy, and p freed.
+                    let owner_done = busy(&a, 200);
                     drop(p);
                     let q = malloc_on(&pool, &b);
                     assert_eq!(q.ptr(), address, "b's arena is empty: it borrows a's free chunk");
                     assert_eq!(pool.stats().all.lent_across_streams, 1);
                     let ran = mark(&b);
-                    std::thread::sleep(Duration::from_millis(50));
-                    assert!(!ran.load(Ordering::SeqCst), "b ran before the work queued on a");
-                    go.send(()).unwrap();
                     b.synchronize().unwrap();
-                    assert!(ran.load(Ordering::SeqCst));
+                    let (ran, owner_done) = (ran.lock().unwrap().unwrap(), owner_done.lock().unwrap());
+                    let owner_done = owner_done.expect("b ran while the work queued on a was not done");
+                    assert!(ran >= owner_done, "b ran before the work queued on a was done");
                     drop(q);
-                    a.synchronize().unwrap();
                 }
 
                 fn borrowed_memory_returns_to_its_owner_after_the_borrowers_work() {
@@ -80,11 +79,16 @@ macro_rules! __share_tests {
                     let address = malloc_on(&pool, &a).ptr();
                     let q = malloc_on(&pool, &b);
                     assert_eq!(q.ptr(), address);
-                    let go = hold(&b);
+                    let borrower_done = busy(&b, 300);
                     drop(q); // b's queued work may still use it
                     let r = malloc_on(&pool, &a);
-                    assert_ne!(r.ptr(), address, "a was lent memory b's queued work may use");
-                    go.send(()).unwrap();
+                    let lent_at = Instant::now();
+                    if r.ptr() == address {
+                        // Only if b's work had run by then (this thread may have been stalled).
+                        let done = *borrower_done.lock().unwrap();
+                        assert!(done.is_some_and(|d| d <= lent_at), "a was lent memory b's queued work may use");
+                        return;
+                    }
                     b.synchronize().unwrap();
                     let s = malloc_on(&pool, &a);
                     assert_eq!(s.ptr(), address, "back in a's arena once b's work ran");
