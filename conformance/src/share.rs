@@ -55,6 +55,9 @@ macro_rules! __share_tests {
 
             conformance! {
                 fn a_stream_that_borrows_memory_waits_for_the_owners_queued_work() {
+                    // No memory is lent across streams while a stream captures: not beside the
+                    // capture tests.
+                    let _serial = $crate::capture_lock();
                     let pool = sharing_pool();
                     let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
                     let p = malloc_on(&pool, &a);
@@ -74,6 +77,9 @@ macro_rules! __share_tests {
                 }
 
                 fn borrowed_memory_returns_to_its_owner_after_the_borrowers_work() {
+                    // No memory is lent across streams while a stream captures: not beside the
+                    // capture tests.
+                    let _serial = $crate::capture_lock();
                     let pool = sharing_pool();
                     let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
                     let address = malloc_on(&pool, &a).ptr();

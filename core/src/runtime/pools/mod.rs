@@ -158,7 +158,8 @@ where
     /// the borrowing stream waits (on the device) for the work queued on the owner's stream so
     /// far, and the memory goes back to the owner's arena behind an event on the borrower's.
     /// Streams gpumem owns and the null and legacy default streams take part; per-thread default
-    /// streams and foreign streams do not ([`EventStreamOrder`]).
+    /// streams and foreign streams do not, and nothing is lent across streams inside a host
+    /// function or while a stream captures ([`EventStreamOrder`]).
     pub fn set_share_across_streams(&self, on: bool) {
         // The order is installed above, so turning it on cannot fail.
         let _ = self.pool.set_share_across_streams(on);
