@@ -1350,12 +1350,12 @@ impl<R: RawAllocator> PooledMemory<R> {
         };
         // A fence already complete (the borrower's stream was idle) needs no parking.
         let fence = fence.filter(|f| !f.is_complete());
-        if hooks::active() {
-            return self.free_hooked_behind(arena, fence);
-        }
-        match fence {
-            Some(fence) => release_fenced(arena, self.slot, fence),
-            None => give_back(arena, self.slot),
+        match (fence, hooks::active()) {
+            (None, false) => give_back(arena, self.slot),
+            (Some(fence), false) => release_fenced(arena, self.slot, fence),
+            // Through the hooked frees' own functions, which keep their hook dispatch inlined.
+            (None, true) => return self.free_hooked(arena),
+            (Some(fence), true) => return self.free_hooked_after(arena, fence),
         }
         Ok(())
     }
@@ -1521,8 +1521,7 @@ fn release_returned_block<R: RawAllocator>(
 }
 
 impl<R: RawAllocator> Drop for PooledMemory<R> {
-    // Inlined into the caller's drop, so that the free of a cache hit is no call of its own.
-    #[inline(always)]
+    #[inline]
     fn drop(&mut self) {
         if let Some(arena) = self.arena.take() {
             if self.tag != 0 {
