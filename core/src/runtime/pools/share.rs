@@ -4,8 +4,9 @@
 //! The streams it orders are those it can name from an arena key alone: the streams gpumem owns
 //! (created by [`Stream::new`] and its siblings, or taken over with [`Stream::from_raw`]) while they
 //! live, and the null and legacy default streams. A per-thread default stream is the calling
-//! thread's only, and a foreign stream's handle is live only as long as its owner says, so memory
-//! of their arenas is not lent to other streams and they borrow none.
+//! thread's only, and a foreign stream's handle is live only as long as its owner says (the C
+//! ABI's streams, PyTorch's and CuPy's, are foreign), so memory of their arenas is not lent to
+//! other streams and they borrow none.
 
 use std::collections::HashMap;
 use std::sync::Arc;
