@@ -1010,6 +1010,15 @@ struct Replayed {
     across: u64,
 }
 
+/// How a replay's pool is set up: its policy, its raw allocator, and whether it lends memory
+/// across the trace's streams.
+#[derive(Clone, Copy)]
+struct Setup {
+    policy: GrowthPolicy,
+    raw: Raw,
+    share: bool,
+}
+
 /// The raw allocator of a replay.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Raw {
@@ -1022,13 +1031,7 @@ enum Raw {
 /// Replays a trace through a fresh pool (the pool's own API, each trace stream its own arena)
 /// with `policy`, timed from the first step to a device synchronisation after the last (the pool
 /// is made before and dropped after the clock). Raw frees are those made during the replay.
-fn replay_once(
-    steps: &[trace::Step],
-    second: Option<usize>,
-    policy: GrowthPolicy,
-    raw: Raw,
-    share: bool,
-) -> Replayed {
+fn replay_once(steps: &[trace::Step], second: Option<usize>, setup: Setup) -> Replayed {
     fn run<A: RawAllocator>(
         steps: &[trace::Step],
         second: Option<usize>,
@@ -1088,6 +1091,7 @@ fn replay_once(
         drop(streams);
         Replayed { ratio, allocs, frees, later, ms, across }
     }
+    let Setup { policy, raw, share } = setup;
     match raw {
         Raw::Plain => run(steps, second, policy, Arc::new(Counting::new(DeviceAllocator::new())), share),
         Raw::Expandable => {
@@ -1103,16 +1107,10 @@ fn replay_once(
 
 /// One warm-up replay, then `REPLAYS` timed ones: the median time; the counts and the ratio of
 /// the first timed one (every replay starts from an empty pool, so they are the same each time).
-fn replay(
-    steps: &[trace::Step],
-    second: Option<usize>,
-    policy: GrowthPolicy,
-    raw: Raw,
-    share: bool,
-) -> Replayed {
+fn replay(steps: &[trace::Step], second: Option<usize>, setup: Setup) -> Replayed {
     const REPLAYS: usize = 5;
-    replay_once(steps, second, policy, raw, share);
-    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, policy, raw, share)).collect();
+    replay_once(steps, second, setup);
+    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, setup)).collect();
     let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
     Replayed { ms, ..runs[0] }
 }
@@ -1176,7 +1174,7 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
             if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
                 continue;
             }
-            let r = replay(&steps, second, policy, raw, share);
+            let r = replay(&steps, second, Setup { policy, raw, share });
             let later = r.later.map_or("-".into(), |n| n.to_string());
             eprintln!(
                 "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms  {} lent across streams",
