@@ -56,6 +56,9 @@ enum Command {
         /// Grow blocks in place, as expandable segments do (each growth a raw allocation).
         #[arg(long)]
         expandable: bool,
+        /// Lend free memory across the trace's streams, as GPUMEM_SHARE_ACROSS_STREAMS=1 does.
+        #[arg(long)]
+        share_across_streams: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -160,7 +163,7 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 report.events, report.skipped, report.earlier_allocations, report.earlier_segments
             );
         }
-        Command::Replay { file, policy, expandable, json } => {
+        Command::Replay { file, policy, expandable, share_across_streams, json } => {
             let policies = match policy {
                 Some(name) => vec![replay::parse_policy(&name)?],
                 None => replay::POLICIES.to_vec(),
@@ -169,9 +172,13 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             let steps = replay::steps(&Timeline::new(&trace));
             let mut results = Vec::new();
             for p in policies {
-                if expandable {
+                if expandable || share_across_streams {
                     // The pool's own rules on a counting allocator: fast, no progress to show.
-                    results.push(replay::replay(&steps, p, ReplayOptions { expandable })?);
+                    results.push(replay::replay(
+                        &steps,
+                        p,
+                        ReplayOptions { expandable, share_across_streams },
+                    )?);
                     continue;
                 }
                 let bar = progress(steps.len() as u64, replay::policy_name(p));
@@ -191,14 +198,26 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 writeln!(out, "{} steps replayed on the host backend\n", steps.len())?;
                 writeln!(
                     out,
-                    "{:<28} {:>16} {:>16} {:>8} {:>10} {:>10}",
-                    "policy", "peak held", "peak in use", "ratio", "raw allocs", "raw frees"
+                    "{:<28} {:>16} {:>16} {:>8} {:>10} {:>10} {:>20}",
+                    "policy",
+                    "peak held",
+                    "peak in use",
+                    "ratio",
+                    "raw allocs",
+                    "raw frees",
+                    "lent across streams"
                 )?;
                 for r in &results {
                     writeln!(
                         out,
-                        "{:<28} {:>16} {:>16} {:>8.3} {:>10} {:>10}",
-                        r.policy, r.peak_held, r.peak_in_use, r.ratio, r.raw_allocs, r.raw_frees
+                        "{:<28} {:>16} {:>16} {:>8.3} {:>10} {:>10} {:>20}",
+                        r.policy,
+                        r.peak_held,
+                        r.peak_in_use,
+                        r.ratio,
+                        r.raw_allocs,
+                        r.raw_frees,
+                        r.lent_across_streams
                     )?;
                 }
             }

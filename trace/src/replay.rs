@@ -124,6 +124,9 @@ pub struct ReplayResult {
     /// Raw frees the pool made while the trace ran (not counting those of dropping the pool at
     /// the end).
     pub raw_frees: u64,
+    /// Allocations served by another stream's free chunk (with
+    /// [`ReplayOptions::share_across_streams`]; 0 otherwise).
+    pub lent_across_streams: u64,
 }
 
 /// What to replay with.
@@ -131,19 +134,23 @@ pub struct ReplayResult {
 pub struct ReplayOptions {
     /// Grow blocks in place, as expandable segments do, instead of allocating fixed blocks.
     pub expandable: bool,
+    /// Lend free memory across the trace's streams, as `GPUMEM_SHARE_ACROSS_STREAMS=1` does
+    /// (the replay runs no device work, so the streams need no ordering).
+    pub share_across_streams: bool,
 }
 
 /// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
-/// a trace whose peak exceeds this machine's memory still replays); with `expandable`, through
-/// [`replay_expandable`].
+/// a trace whose peak exceeds this machine's memory still replays); with `expandable` or
+/// `share_across_streams`, through the pool's own rules on a counting allocator
+/// ([`replay_expandable`] is one of those).
 ///
 /// # Errors
 ///
 /// [`Error::Pool`] if the pool fails (out of host memory, or `GPUMEM_GPU_MEMORY_LIMIT` below
 /// the trace's needs).
 pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
-    if options.expandable {
-        return replay_expandable(steps, policy);
+    if options.expandable || options.share_across_streams {
+        return replay_counted(steps, policy, options);
     }
     replay_on::<Host, _>(steps, policy, 0, UntouchedHostMemory, &mut |_| {})
 }
@@ -158,6 +165,12 @@ pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> R
 ///
 /// [`Error::Pool`] if the pool fails.
 pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayResult> {
+    replay_counted(steps, policy, ReplayOptions { expandable: true, ..ReplayOptions::default() })
+}
+
+/// Replays `steps` through the pool's own rules on a counting allocator that hands out address
+/// ranges without memory behind them (`trace::replay_with`), set up as `options` say.
+fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
     let steps: Vec<pool_trace::Step> = steps
         .iter()
         .map(|s| match *s {
@@ -165,7 +178,15 @@ pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayR
             Step::Free { id } => pool_trace::Step::Free { id: id as u64 },
         })
         .collect();
-    let r = pool_trace::replay_expandable(&steps, policy)?;
+    let r = pool_trace::replay_with(
+        &steps,
+        policy,
+        pool_trace::ReplayOptions {
+            expandable: options.expandable,
+            share_across_streams: options.share_across_streams,
+            mark: None,
+        },
+    )?;
     Ok(ReplayResult {
         policy: policy_name(policy),
         peak_held: r.peak_held as u64,
@@ -174,6 +195,7 @@ pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayR
         ratio: r.ratio(),
         raw_allocs: r.raw_allocs as u64,
         raw_frees: r.raw_frees as u64,
+        lent_across_streams: r.lent_across_streams as u64,
     })
 }
 
@@ -224,6 +246,7 @@ where
     progress(steps.len());
     let raw_frees = counter.frees.load(Ordering::Relaxed);
     drop(live);
+    let lent_across_streams = pool.stats().all.lent_across_streams;
     drop(pool);
     let peak_in_use = peak_in_use(steps);
     let peak_held = counter.peak.load(Ordering::Relaxed) as u64;
@@ -234,6 +257,7 @@ where
         ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
         raw_allocs: counter.allocs.load(Ordering::Relaxed),
         raw_frees,
+        lent_across_streams,
     })
 }
 
@@ -404,7 +428,12 @@ mod tests {
 
     #[test]
     fn an_empty_trace_replays_with_expandable_segments_too() {
-        let r = replay(&[], GrowthPolicy::HoldPeakInUse, ReplayOptions { expandable: true }).unwrap();
+        let r = replay(
+            &[],
+            GrowthPolicy::HoldPeakInUse,
+            ReplayOptions { expandable: true, ..ReplayOptions::default() },
+        )
+        .unwrap();
         assert_eq!((r.peak_held, r.peak_in_use, r.ratio, r.raw_allocs), (0, 0, 0.0, 0));
     }
 }

@@ -240,9 +240,28 @@ fn an_expandable_replay_grows_one_block_where_fixed_blocks_cannot_merge() {
     let policy = GrowthPolicy::CacheUntilOutOfMemory;
     let fixed = replay::replay(&steps, policy, ReplayOptions::default()).unwrap();
     assert_eq!((fixed.peak_held, fixed.raw_allocs), (120 * MIB as u64, 3));
-    let grown = replay::replay(&steps, policy, ReplayOptions { expandable: true }).unwrap();
+    let grown =
+        replay::replay(&steps, policy, ReplayOptions { expandable: true, ..ReplayOptions::default() })
+            .unwrap();
     assert_eq!((grown.peak_held, grown.raw_allocs, grown.raw_frees), (60 * MIB as u64, 2, 0));
     assert_eq!(grown.peak_in_use, 60 * MIB as u64);
+}
+
+#[test]
+fn a_shared_replay_lends_one_streams_free_memory_to_another() {
+    const MIB: usize = 1 << 20;
+    // Stream 1 frees 30 MiB; stream 2 then asks for as much: apart, a block of its own.
+    let steps = [
+        Step::Alloc { id: 0, size: 30 * MIB, stream: 1 },
+        Step::Free { id: 0 },
+        Step::Alloc { id: 1, size: 30 * MIB, stream: 2 },
+    ];
+    let policy = GrowthPolicy::CacheUntilOutOfMemory;
+    let apart = replay::replay(&steps, policy, ReplayOptions::default()).unwrap();
+    assert_eq!((apart.peak_held, apart.raw_allocs, apart.lent_across_streams), (60 * MIB as u64, 2, 0));
+    let shared = ReplayOptions { share_across_streams: true, ..ReplayOptions::default() };
+    let r = replay::replay(&steps, policy, shared).unwrap();
+    assert_eq!((r.peak_held, r.raw_allocs, r.lent_across_streams), (30 * MIB as u64, 1, 1));
 }
 
 #[test]
@@ -252,6 +271,7 @@ fn bad_options_are_clear_errors() {
     let sample = sample_path.to_str().unwrap();
     // Expandable segments replay every policy (they were refused before the pool had them).
     assert!(tool(&["replay", "--expandable", sample]).contains("hold-peak-in-use"));
+    assert!(tool(&["replay", "--share-across-streams", sample]).contains("lent across"));
     assert!(tool_error(&["replay", "--policy", "lru", sample]).contains("unknown policy \"lru\""));
     assert!(tool_error(&["stats", "/nonexistent/trace"]).contains("/nonexistent/trace"));
     assert!(tool_error(&["import", "--from", "matlab", sample, "-o", "-"]).contains("matlab"));
