@@ -84,8 +84,10 @@ impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
         let (Some(from), Some(to)) = (stream_of::<B>(owner), stream_of::<B>(borrower)) else {
             return false;
         };
-        // A capture gpumem did not begin is found here (a driver call each, on a miss only).
-        if from.is_capturing().unwrap_or(true) || to.is_capturing().unwrap_or(true) {
+        // A capture gpumem did not begin is found here (a driver call each, on a miss only). A
+        // backend that cannot capture (HIP's, here) has no stream that captures.
+        let capturing = |s: &Stream<B>| B::CAPS.capture && s.is_capturing().unwrap_or(true);
+        if capturing(&from) || capturing(&to) {
             return false;
         }
         {
