@@ -93,10 +93,18 @@ impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
         {
             let mut event = self.order_event.lock();
             if event.is_none() {
-                *event = event_on::<B>(self.device).ok();
+                match event_on::<B>(self.device) {
+                    Ok(e) => *event = Some(e),
+                    Err(err) => {
+                        record_drop_error::<B>(err);
+                        return false;
+                    }
+                }
             }
             let Some(e) = event.as_ref() else { return false };
-            if e.record(Some(&from)).and_then(|()| to.wait_event(e)).is_err() {
+            if let Err(err) = e.record(Some(&from)).and_then(|()| to.wait_event(e)) {
+                // The miss goes on without the lend; the error is kept for the next synchronize.
+                record_drop_error::<B>(err);
                 return false;
             }
         }
