@@ -356,7 +356,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// ([`ArenaState::take_with_tail`]) is not lent here.
     #[inline(always)]
     pub(crate) fn take(&mut self, size: usize, requested: usize) -> Option<Lent> {
-        let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
+        let max = self.split_bound(size);
         let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
         Some(self.lend_slot(slot, found, size, requested))
     }
@@ -407,11 +407,21 @@ impl<K: RawBlock> ArenaState<K> {
         Some((slot, self.chunks[slot as usize].size))
     }
 
+    /// The largest free chunk a request of `size` bytes may be cut from (see `bounded_split`).
+    #[inline(always)]
+    fn split_bound(&self, size: usize) -> usize {
+        if self.bounded_split {
+            size.saturating_add(size / 8)
+        } else {
+            usize::MAX
+        }
+    }
+
     /// The size of the free chunk [`ArenaState::take_with_tail`] would lend for `size` bytes,
     /// without lending it: how another arena's miss compares the arenas it could borrow from.
     pub(crate) fn best_fit_with_tail(&mut self, size: usize) -> Option<usize> {
         let class = policy::class(size, self.segmented);
-        let max = if self.bounded_split { size.saturating_add(size / 8) } else { usize::MAX };
+        let max = self.split_bound(size);
         if let Some(found) = self.index_of(class).best_size(size).filter(|&f| f <= max) {
             return Some(found);
         }

@@ -148,8 +148,7 @@ impl FreeIndex {
 
     #[cold]
     fn take_from_above(&mut self, bin: usize, size: usize, max: usize) -> Option<(u32, usize)> {
-        let found = self.first_bin_above(bin)?;
-        let slot = if found < SMALL_UNITS { self.heads[found] } else { self.best_in(found, size)? };
+        let (found, slot) = self.find_above(bin, size)?;
         let found_size = self.links[slot as usize].size;
         if found_size > max {
             return None;
@@ -172,9 +171,15 @@ impl FreeIndex {
                 return Some(self.links[slot as usize].size);
             }
         }
+        let (_, slot) = self.find_above(bin, size)?;
+        Some(self.links[slot as usize].size)
+    }
+
+    /// The bin and slot of the best-fitting chunk for `size` bytes in the bins after `bin`.
+    fn find_above(&mut self, bin: usize, size: usize) -> Option<(usize, u32)> {
         let found = self.first_bin_above(bin)?;
         let slot = if found < SMALL_UNITS { self.heads[found] } else { self.best_in(found, size)? };
-        Some(self.links[slot as usize].size)
+        Some((found, slot))
     }
 
     /// The smallest chunk of at least `size` bytes in a large class.

@@ -1225,11 +1225,9 @@ impl<R: RawAllocator> PooledMemory<R> {
         }
     }
 
-    /// The chunk `lent` by `arena` (another stream's) to arena `borrower`'s stream.
-    fn borrowed(arena: &ArenaRef<Arena<R>>, lent: Lent, size: usize, borrower: ArenaKey) -> Self {
-        let mut p = Self::lent(arena, lent, size);
-        p.tag = borrower.raw().wrapping_add(1);
-        p
+    /// Marks the chunk as lent to arena `borrower`'s stream, another than its arena's.
+    fn mark_borrowed(&mut self, borrower: ArenaKey) {
+        self.tag = borrower.raw().wrapping_add(1);
     }
 
     /// For a chunk (the caller has its arena): the arena key of the stream it was lent to, when

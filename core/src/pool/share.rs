@@ -164,8 +164,7 @@ impl<R: RawAllocator> Pool<R> {
                 give_back(arena, lent.slot);
                 continue;
             }
-            self.shared.n_lent_across.fetch_add(1, Ordering::Relaxed);
-            return Some(PooledMemory::borrowed(&arena, lent, mem_size, key));
+            return Some(self.lent_across(PooledMemory::lent(&arena, lent, mem_size), key));
         }
         None
     }
@@ -197,14 +196,20 @@ impl<R: RawAllocator> Pool<R> {
         let Some(order) = self.shared.stream_order.get() else { return Ok(None) };
         let home = self.arenas.lock().values().min_by_key(|a| a.uid).map(|a| a.key);
         let Some(home) = home.filter(|&h| h != key && order.can_order(h, key)) else { return Ok(None) };
-        let Some(mut p) = self.grow_in_place(size, mem_size, home, cache)? else { return Ok(None) };
+        let Some(p) = self.grow_in_place(size, mem_size, home, cache)? else { return Ok(None) };
         if !order.order_after(home, key) {
             // Back to the home arena, grown: the miss grows its own arena instead.
             drop(p);
             return Ok(None);
         }
+        Ok(Some(self.lent_across(p, key)))
+    }
+
+    /// `p`, of another arena, lent to arena `borrower`'s stream: marked so that it comes back
+    /// behind a fence on that stream, and counted.
+    fn lent_across(&self, mut p: PooledMemory<R>, borrower: ArenaKey) -> PooledMemory<R> {
+        p.mark_borrowed(borrower);
         self.shared.n_lent_across.fetch_add(1, Ordering::Relaxed);
-        p.tag = key.raw().wrapping_add(1);
-        Ok(Some(p))
+        p
     }
 }
