@@ -100,6 +100,44 @@ macro_rules! __share_tests {
                     assert_eq!(s.ptr(), address, "back in a's arena once b's work ran");
                 }
 
+                fn a_chunk_returned_while_its_borrower_captures_waits_for_the_work_before() {
+                    let _serial = $crate::capture_lock();
+                    if !super::supports_capture() {
+                        return;
+                    }
+                    let pool = sharing_pool();
+                    let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
+                    let address = malloc_on(&pool, &a).ptr();
+                    let q = malloc_on(&pool, &b);
+                    assert_eq!(q.ptr(), address);
+                    let borrower_done = busy(&b, 300);
+                    // Dropped while b captures: an event recorded now would go into the graph
+                    // and mark none of the work queued on b before the capture.
+                    b.begin_capture(None).unwrap();
+                    drop(q);
+                    let r = malloc_on(&pool, &a);
+                    let lent_at = Instant::now();
+                    drop(b.end_capture().unwrap());
+                    if r.ptr() == address {
+                        let done = *borrower_done.lock().unwrap();
+                        assert!(done.is_some_and(|d| d <= lent_at), "a was lent memory b's queued work may use");
+                        return;
+                    }
+                    b.synchronize().unwrap();
+                    // Back once b's work ran: each miss looks at the fence again.
+                    let mut held = vec![r];
+                    let deadline = Instant::now() + Duration::from_secs(5);
+                    loop {
+                        let s = malloc_on(&pool, &a);
+                        if s.ptr() == address {
+                            break;
+                        }
+                        assert!(Instant::now() < deadline, "the chunk never came back to a");
+                        held.push(s);
+                        std::thread::sleep(Duration::from_millis(1));
+                    }
+                }
+
                 fn memory_stays_with_its_stream_unless_sharing_is_on() {
                     let pool = Pool::new(gpumem::Device::current().id()).unwrap();
                     assert!(!pool.pool().shares_across_streams());

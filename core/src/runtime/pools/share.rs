@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::hal::{DeviceId, EventFlags};
 use crate::pool::{ArenaKey, Fence, StreamOrder};
-use crate::runtime::state::{drop_outside_callbacks, record_drop_error, run_deferred, Runtime};
+use crate::runtime::state::{record_drop_error, Runtime};
 use crate::runtime::stream::{self, Event, Stream, LEGACY_STREAM_PTR, NULL_STREAM_PTR};
 
 /// Orders two streams of device `device` with an event: the borrower's stream waits on the
@@ -127,57 +127,69 @@ impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
                 None => None,
             }
         };
-        let fence = Arc::new(Mutex::new(Recorded::Pending));
-        let slot = Arc::clone(&fence);
-        let device = self.device;
-        let spare = Arc::clone(&self.spare);
-        // Recorded outside host functions (a chunk may be dropped inside one), where no runtime
-        // call is allowed: the fence stays incomplete until then.
-        drop_outside_callbacks::<B>(move || {
-            let recorded = match stream {
-                Some(stream) => {
-                    let event = spare.lock().pop().map_or_else(|| event_on::<B>(device), Ok);
-                    match event.and_then(|e| e.record(Some(&stream)).map(|()| e)) {
-                        Ok(event) => Recorded::Event(event),
-                        Err(e) => {
-                            // No event: wait for the stream itself, so the chunk is free to reuse.
-                            record_drop_error::<B>(e);
-                            if let Err(e) = stream.synchronize() {
-                                record_drop_error::<B>(e);
-                            }
-                            Recorded::Done
-                        }
-                    }
-                }
-                None => {
-                    // Not reached for a chunk this order lent (its stream is kept above); for
-                    // anything else the whole device is waited for.
-                    if let Err(e) = B::device_synchronize(device) {
-                        record_drop_error::<B>(e);
-                    }
-                    Recorded::Done
-                }
-            };
-            *slot.lock() = recorded;
-        });
-        Box::new(BorrowerFence::<B> { recorded: fence, spare: Arc::clone(&self.spare) })
+        let Some(stream) = stream else {
+            // Not reached: a chunk this order lent keeps its borrower's stream above. A fence that
+            // never completes keeps the chunk out of use, which is safe.
+            return Box::new(BorrowerFence::<B> {
+                device: self.device,
+                state: Mutex::new(Recorded::Done),
+                spare: Arc::clone(&self.spare),
+                never: true,
+            });
+        };
+        let fence = BorrowerFence::<B> {
+            device: self.device,
+            state: Mutex::new(Recorded::Pending(stream)),
+            spare: Arc::clone(&self.spare),
+            never: false,
+        };
+        fence.record(&mut fence.state.lock());
+        Box::new(fence)
     }
 }
 
 /// What a borrowed chunk's fence waits for.
 enum Recorded<B: Runtime> {
-    /// Not recorded yet (the chunk came back inside a host function).
-    Pending,
-    /// The event recorded on the borrower's stream when the chunk came back.
+    /// The borrower's stream, on which no event could be recorded yet: the chunk came back
+    /// inside a host function (no runtime call is allowed there) or while the stream captured
+    /// (a record would go into the graph, not mark the work queued before the capture).
+    Pending(Stream<B>),
+    /// The event recorded on the borrower's stream after the chunk came back.
     Event(Event<B>),
     /// Nothing to wait for any more.
     Done,
 }
 
 struct BorrowerFence<B: Runtime> {
-    recorded: Arc<Mutex<Recorded<B>>>,
+    device: DeviceId,
+    state: Mutex<Recorded<B>>,
     /// Where its event goes once complete.
     spare: Arc<Mutex<Vec<Event<B>>>>,
+    /// Never complete (see `fence_after`).
+    never: bool,
+}
+
+impl<B: Runtime> BorrowerFence<B> {
+    /// Records the event on the borrower's stream, if it is still to be recorded and can be now;
+    /// else leaves the state pending, for the next look.
+    fn record(&self, state: &mut Recorded<B>) {
+        let Recorded::Pending(stream) = &*state else { return };
+        if stream::callback::in_callback() || (B::CAPS.capture && stream.is_capturing().unwrap_or(true)) {
+            return;
+        }
+        let event = self.spare.lock().pop().map_or_else(|| event_on::<B>(self.device), Ok);
+        *state = match event.and_then(|e| e.record(Some(stream)).map(|()| e)) {
+            Ok(event) => Recorded::Event(event),
+            Err(e) => {
+                // No event: wait for the stream itself, so the chunk is free to reuse.
+                record_drop_error::<B>(e);
+                if let Err(e) = stream.synchronize() {
+                    record_drop_error::<B>(e);
+                }
+                Recorded::Done
+            }
+        };
+    }
 }
 
 impl<B: Runtime> Drop for BorrowerFence<B> {
@@ -185,7 +197,7 @@ impl<B: Runtime> Drop for BorrowerFence<B> {
         if stream::callback::in_callback() {
             return;
         }
-        let recorded = std::mem::replace(&mut *self.recorded.lock(), Recorded::Done);
+        let recorded = std::mem::replace(&mut *self.state.lock(), Recorded::Done);
         if let Recorded::Event(e) = recorded {
             // Kept only once its record has completed, so a later record starts from nothing.
             let mut spare = self.spare.lock();
@@ -198,8 +210,14 @@ impl<B: Runtime> Drop for BorrowerFence<B> {
 
 impl<B: Runtime> Fence for BorrowerFence<B> {
     fn is_complete(&self) -> bool {
-        match &*self.recorded.lock() {
-            Recorded::Pending => false,
+        // Inside a host function no runtime call is allowed: not yet, as far as the pool knows.
+        if self.never || stream::callback::in_callback() {
+            return false;
+        }
+        let mut state = self.state.lock();
+        self.record(&mut state);
+        match &*state {
+            Recorded::Pending(_) => false,
             // An error here is the device's sticky one: no more work runs.
             Recorded::Event(e) => e.query().unwrap_or(true),
             Recorded::Done => true,
@@ -207,14 +225,15 @@ impl<B: Runtime> Fence for BorrowerFence<B> {
     }
 
     fn wait(&self) {
-        if !stream::callback::in_callback() {
-            // The record itself may be waiting for a host function to end.
-            run_deferred::<B>();
-        }
-        let event = match &*self.recorded.lock() {
-            Recorded::Event(e) => e.clone(),
-            // Still pending only inside a host function: the pool keeps the chunk fenced.
-            Recorded::Pending | Recorded::Done => return,
+        let event = {
+            let mut state = self.state.lock();
+            self.record(&mut state);
+            match &*state {
+                Recorded::Event(e) => e.clone(),
+                // Still pending (inside a host function, or the stream still captures), or never:
+                // the pool looks at `is_complete` again and keeps the chunk fenced.
+                Recorded::Pending(_) | Recorded::Done => return,
+            }
         };
         if let Err(e) = event.synchronize() {
             record_drop_error::<B>(e);
