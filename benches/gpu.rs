@@ -331,22 +331,48 @@ fn allocation(report: &mut Report) {
     }
 }
 
-/// Aggregate operations per second (millions) of `threads` threads, each on its own
-/// non-blocking stream (or all on the null stream, the default, with `own_stream` false): `run`
-/// does `iters` operations on the calling thread.
+/// Where the threads of [`threads_rate`] allocate.
+#[derive(Clone, Copy, PartialEq)]
+enum Streams {
+    /// Each thread on a non-blocking stream it makes, so its arena is made by its own first
+    /// allocation.
+    Own,
+    /// Each thread on a non-blocking stream made on the calling thread, whose arena the calling
+    /// thread made too (an allocation there): every arena's memory comes from one thread's heap,
+    /// side by side, as when a program makes its streams up front.
+    MadeUpFront,
+    /// Every thread on the null stream (one arena).
+    Null,
+}
+
+/// Aggregate operations per second (millions) of `threads` threads placed as `streams` says:
+/// `run` does `iters` operations on the calling thread; the rate is the total over the slowest
+/// thread's time.
 fn threads_rate(
     threads: usize,
     iters: u64,
-    own_stream: bool,
+    streams: Streams,
     run: impl Fn(Option<&Stream>, u64) + Send + Sync + 'static,
 ) -> f64 {
     let run = Arc::new(run);
     let start = Arc::new(Barrier::new(threads + 1));
-    let handles: Vec<_> = (0..threads)
+    let made: Vec<Option<Stream>> = (0..threads)
         .map(|_| {
+            (streams == Streams::MadeUpFront).then(|| {
+                let s = Stream::non_blocking().unwrap();
+                let _g = s.enter().unwrap();
+                run(Some(&s), 1);
+                s
+            })
+        })
+        .collect();
+    let handles: Vec<_> = made
+        .into_iter()
+        .map(|made| {
             let (run, start) = (Arc::clone(&run), Arc::clone(&start));
             std::thread::spawn(move || {
-                let stream = own_stream.then(|| Stream::non_blocking().unwrap());
+                let stream =
+                    made.or_else(|| (streams == Streams::Own).then(|| Stream::non_blocking().unwrap()));
                 let _g = stream.as_ref().map(|s| s.enter().unwrap());
                 run(stream.as_ref(), iters / 10);
                 start.wait();
@@ -384,10 +410,10 @@ fn parallel_loop(iters: u64) {
 fn median_rate(
     threads: usize,
     iters: u64,
-    own_stream: bool,
+    streams: Streams,
     run: impl Fn(Option<&Stream>, u64) + Clone + Send + Sync + 'static,
 ) -> f64 {
-    median(&mut (0..5).map(|_| threads_rate(threads, iters, own_stream, run.clone())).collect::<Vec<_>>())
+    median(&mut (0..5).map(|_| threads_rate(threads, iters, streams, run.clone())).collect::<Vec<_>>())
 }
 
 fn threads(report: &mut Report) {
@@ -409,20 +435,46 @@ fn threads(report: &mut Report) {
             }
         }
     };
-    let (mut single, mut single_loop, mut single_null) = (0.0, 0.0, 0.0);
+    // What threads could still share, each taken away in turn: the pool (each thread its own),
+    // and where the arenas' memory lies (made by each thread, or all by one thread up front).
+    let own_pools = |_: Option<&Stream>, iters: u64| {
+        thread_local!(static POOL: SingleDeviceMemoryPool = SingleDeviceMemoryPool::new(dev()).unwrap());
+        POOL.with(|p| {
+            for _ in 0..iters {
+                drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
+            }
+        });
+    };
+    // The system allocator's 4 KiB allocate + free: a heap whose threads share nothing either
+    // (glibc gives each thread an arena of its own), touching memory as a cache hit does.
+    let system = |_: Option<&Stream>, iters: u64| {
+        let layout = std::alloc::Layout::from_size_align(4096, 16).unwrap();
+        for _ in 0..iters {
+            // SAFETY: the layout's size is not zero; the block is freed with the same layout.
+            unsafe {
+                let p = std::alloc::alloc(black_box(layout));
+                assert!(!p.is_null());
+                std::alloc::dealloc(black_box(p), layout);
+            }
+        }
+    };
+    let (mut single, mut single_loop, mut single_null, mut single_system) = (0.0, 0.0, 0.0, 0.0);
     for n in [1usize, 4, 8] {
         // The loop first and last around gpumem's figure, so a clock that drifts during the run
         // shows in their difference.
-        let loop_before = median_rate(n, 2_000_000, true, |_, iters| parallel_loop(iters));
-        let ours = median_rate(n, 2_000_000, true, pooled.clone());
-        let ptrs = median_rate(n, 2_000_000, true, pointers.clone());
-        let null = median_rate(n, 2_000_000, false, pooled.clone());
-        let loop_after = median_rate(n, 2_000_000, true, |_, iters| parallel_loop(iters));
+        let loop_before = median_rate(n, 2_000_000, Streams::Own, |_, iters| parallel_loop(iters));
+        let ours = median_rate(n, 2_000_000, Streams::Own, pooled.clone());
+        let ptrs = median_rate(n, 2_000_000, Streams::Own, pointers.clone());
+        let null = median_rate(n, 2_000_000, Streams::Null, pooled.clone());
+        let own = median_rate(n, 2_000_000, Streams::Own, own_pools);
+        let up_front = median_rate(n, 2_000_000, Streams::MadeUpFront, pooled.clone());
+        let sys = median_rate(n, 2_000_000, Streams::Own, system);
+        let loop_after = median_rate(n, 2_000_000, Streams::Own, |_, iters| parallel_loop(iters));
         let looped = (loop_before + loop_after) / 2.0;
         if n == 1 {
-            (single, single_loop, single_null) = (ours, looped, null);
+            (single, single_loop, single_null, single_system) = (ours, looped, null, sys);
         }
-        let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, true, |s, iters| {
+        let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, Streams::Own, |s, iters| {
             let h = s.expect("own stream").handle();
             for _ in 0..iters {
                 // SAFETY: `s` is alive for the loop, so its handle is.
@@ -479,6 +531,33 @@ fn threads(report: &mut Report) {
         );
         report.add(
             "threads",
+            format!("{label}, each its own pool"),
+            own,
+            "one pool",
+            Some(ours),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            format!("{label}, streams and arenas made up front on one thread"),
+            up_front,
+            "each thread's own",
+            Some(ours),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            format!("{label}, the system allocator (4 KiB alloc + dealloc)"),
+            sys,
+            "-",
+            None,
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
             format!(
                 "{label}, loop sharing nothing (before / after: {} / {})",
                 fmt(loop_before),
@@ -507,6 +586,15 @@ fn threads(report: &mut Report) {
                 ours / single,
                 "the loop sharing nothing, its scaling",
                 Some(looped / single_loop),
+                "x",
+                false,
+            );
+            report.add(
+                "threads",
+                format!("{n} threads over 1 thread (scaling)"),
+                ours / single,
+                "the system allocator's scaling",
+                Some(sys / single_system),
                 "x",
                 false,
             );
@@ -807,7 +895,7 @@ fn arena_lock(report: &mut Report) {
     for _ in 0..3 {
         hit.push(ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()))));
         let p = Arc::clone(&pool);
-        shared.push(median_rate(8, 100_000, false, move |_, iters| {
+        shared.push(median_rate(8, 100_000, Streams::Null, move |_, iters| {
             for _ in 0..iters {
                 drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
             }
