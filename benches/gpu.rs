@@ -818,13 +818,24 @@ fn pageable(report: &mut Report) {
 }
 
 fn hook_costs(report: &mut Report) {
-    eprintln!("hooks");
+    eprintln!("hooks (the hit with and without DebugPrintHook on CPU {})", bench_cpu());
     let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
     drop(pool.malloc_pooled(512).unwrap());
-    let bare = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
-    let hook = hooks::install(DebugPrintHook::with_flush(BufWriter::new(std::io::sink()), false)).unwrap();
-    let with_hook = ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
-    drop(hook);
+    let hit = || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()));
+    // The hooked and unhooked hits on the single-thread rows' CPU, round by round (the hook
+    // installed for every other round), so that neither a move to another CPU nor a drifting
+    // clock falls on one of them alone: the median of 11 rounds of 200,000 pairs each.
+    let (bare, with_hook) = on_bench_cpu(|| {
+        let (mut bare, mut hooked) = (Vec::new(), Vec::new());
+        for _ in 0..11 {
+            bare.push(ns_per_iter(1, 200_000, hit));
+            let hook =
+                hooks::install(DebugPrintHook::with_flush(BufWriter::new(std::io::sink()), false)).unwrap();
+            hooked.push(ns_per_iter(1, 200_000, hit));
+            drop(hook);
+        }
+        (median(&mut bare), median(&mut hooked))
+    });
     // Two events (malloc, free) per cache-hit pair.
     let events_per_s = 2.0 / (with_hook * 1e-9) / 1e6;
     report.add(

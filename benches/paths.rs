@@ -13,18 +13,21 @@
 
 #![allow(missing_docs)]
 
+use std::cell::Cell;
 use std::hint::black_box;
 use std::io::{self, BufWriter};
 use std::time::Instant;
 
+use gpumem::core::hooks::Callbacks;
 use gpumem::core::pool::ARENA_LOCK;
+use gpumem::core::{FreeEvent, HookResult, MallocEvent, MemoryHook};
 use gpumem::{
     alloc, get_allocator, hooks, DebugPrintHook, DeviceBuffer, MemoryPointer, SingleDeviceMemoryPool, Stream,
 };
 
 type Path = (&'static str, &'static str);
 
-const PATHS: [Path; 7] = [
+const PATHS: [Path; 8] = [
     ("pooled", "pool cache hit (malloc_pooled + drop)"),
     ("pointer", "MemoryPointer cache hit (malloc + drop)"),
     ("arc", "MemoryPointer over an Arc (from_memory(malloc_pooled))"),
@@ -32,7 +35,30 @@ const PATHS: [Path; 7] = [
     ("get_allocator", "get_allocator().malloc + drop"),
     ("buffer", "DeviceBuffer<f32> of 128 from alloc + drop"),
     ("hooked", "pool cache hit, DebugPrintHook on a BufWriter"),
+    ("dispatch", "pool cache hit, a hook that only reads its events"),
 ];
+
+/// A hook with DebugPrintHook's callbacks that only reads each event's address: the cost of
+/// dispatching the events, without formatting or writing lines.
+#[derive(Default)]
+struct PostprocessOnly(Cell<usize>);
+
+impl MemoryHook for PostprocessOnly {
+    fn name(&self) -> &str {
+        "PostprocessOnly"
+    }
+    fn callbacks(&self) -> Callbacks {
+        Callbacks::POSTPROCESS
+    }
+    fn malloc_postprocess(&self, e: &MallocEvent) -> HookResult {
+        self.0.set(self.0.get() ^ e.mem_ptr);
+        Ok(())
+    }
+    fn free_postprocess(&self, e: &FreeEvent) -> HookResult {
+        self.0.set(self.0.get() ^ e.mem_ptr);
+        Ok(())
+    }
+}
 
 fn run(path: &str, pool: &SingleDeviceMemoryPool, n: u64) {
     match path {
@@ -52,6 +78,10 @@ fn run(path: &str, pool: &SingleDeviceMemoryPool, n: u64) {
         "hooked" => {
             let _hook =
                 hooks::install(DebugPrintHook::with_flush(BufWriter::new(io::sink()), false)).unwrap();
+            (0..n).for_each(|_| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
+        }
+        "dispatch" => {
+            let _hook = hooks::install(PostprocessOnly::default()).unwrap();
             (0..n).for_each(|_| drop(black_box(pool.malloc_pooled(black_box(512)).unwrap())));
         }
         other => panic!("unknown path {other}; the paths: {:?}", PATHS.map(|p| p.0)),

@@ -14,7 +14,7 @@ count() {
     valgrind --tool=cachegrind --cache-sim=no --cachegrind-out-file=/dev/null "$BIN" "$1" "$2" 2>&1 \
         | awk '/I *refs/ { gsub(",", "", $NF); print $NF }'
 }
-for p in pooled pointer arc alloc get_allocator buffer hooked; do
+for p in pooled pointer arc alloc get_allocator buffer hooked dispatch; do
     a=$(count "$p" 10000)
     b=$(count "$p" 30000)
     echo "$p $(( (b - a) / 20000 ))"
