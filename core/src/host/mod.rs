@@ -32,10 +32,11 @@ mod stream;
 mod vmm;
 mod worker;
 
-/// Physical bytes of simulated virtual memory alive on device `dev` (for the pool's tests).
+/// Physical bytes of simulated virtual memory alive on device `dev` that the calling thread
+/// created (for the pool's tests).
 #[cfg(test)]
-pub(crate) fn vmm_physical_bytes(dev: crate::hal::DeviceId) -> usize {
-    vmm::physical_bytes(dev)
+pub(crate) fn vmm_physical_bytes_made_here(dev: crate::hal::DeviceId) -> usize {
+    vmm::physical_bytes_made_here(dev)
 }
 
 /// The devices with access to the simulated mapping that holds `ptr` (for the pool's tests).

@@ -38,6 +38,10 @@ struct Physical {
     size: usize,
     released: bool,
     mapped: bool,
+    /// The thread that created it, so that a test counts its own memory only (tests run at once
+    /// in one process and share this simulated device).
+    #[cfg(test)]
+    creator: std::thread::ThreadId,
 }
 
 #[derive(Default)]
@@ -181,7 +185,17 @@ impl VirtualMemoryOps for Host {
         *used += size;
         vm.next_handle += 1;
         let handle = vm.next_handle;
-        vm.physical.insert(handle, Physical { dev, size, released: false, mapped: false });
+        vm.physical.insert(
+            handle,
+            Physical {
+                dev,
+                size,
+                released: false,
+                mapped: false,
+                #[cfg(test)]
+                creator: std::thread::current().id(),
+            },
+        );
         Ok(handle)
     }
 
@@ -290,8 +304,11 @@ fn count_call(which: usize) {
     let _ = which;
 }
 
-/// Physical bytes created on device `dev` and not yet gone (for tests).
+/// Physical bytes the calling thread created on device `dev` that are not yet gone (for tests:
+/// per thread, as [`calls_on_this_thread`], since the whole device's count moves with the tests
+/// running beside).
 #[cfg(test)]
-pub(crate) fn physical_bytes(dev: DeviceId) -> usize {
-    vm().used.get(&dev).copied().unwrap_or(0)
+pub(crate) fn physical_bytes_made_here(dev: DeviceId) -> usize {
+    let me = std::thread::current().id();
+    vm().physical.values().filter(|p| p.dev == dev && p.creator == me).map(|p| p.size).sum()
 }
