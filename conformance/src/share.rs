@@ -45,6 +45,42 @@ macro_rules! __share_tests {
                 ended
             }
 
+            /// Streams `a` and `b`, a chunk `a` freed lent to `b` (`q`, at `address`), and `b`
+            /// kept busy for 300 ms after it (`borrower_done` notes when).
+            struct LentToBusyBorrower {
+                a: Stream,
+                b: Stream,
+                address: usize,
+                q: MemoryPointer,
+                borrower_done: Arc<Mutex<Option<Instant>>>,
+            }
+
+            fn lend_to_busy_borrower(pool: &Pool) -> LentToBusyBorrower {
+                let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
+                let address = malloc_on(pool, &a).ptr();
+                let q = malloc_on(pool, &b);
+                assert_eq!(q.ptr(), address);
+                let borrower_done = busy(&b, 300);
+                LentToBusyBorrower { a, b, address, q, borrower_done }
+            }
+
+            /// Whether `r`, lent at `lent_at`, is the borrowed chunk at `address` back already; it
+            /// may be only if the borrower's work had run by then (this thread may have been
+            /// stalled).
+            fn back_early(
+                r: &MemoryPointer,
+                address: usize,
+                borrower_done: &Mutex<Option<Instant>>,
+                lent_at: Instant,
+            ) -> bool {
+                if r.ptr() != address {
+                    return false;
+                }
+                let done = *borrower_done.lock().unwrap();
+                assert!(done.is_some_and(|d| d <= lent_at), "a was lent memory b's queued work may use");
+                true
+            }
+
             /// Notes when a host function queued on `s` ran.
             fn mark(s: &Stream) -> Arc<Mutex<Option<Instant>>> {
                 let ran = Arc::new(Mutex::new(None));
@@ -81,18 +117,10 @@ macro_rules! __share_tests {
                     // capture tests.
                     let _serial = $crate::capture_lock();
                     let pool = sharing_pool();
-                    let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
-                    let address = malloc_on(&pool, &a).ptr();
-                    let q = malloc_on(&pool, &b);
-                    assert_eq!(q.ptr(), address);
-                    let borrower_done = busy(&b, 300);
+                    let LentToBusyBorrower { a, b, address, q, borrower_done } = lend_to_busy_borrower(&pool);
                     drop(q); // b's queued work may still use it
                     let r = malloc_on(&pool, &a);
-                    let lent_at = Instant::now();
-                    if r.ptr() == address {
-                        // Only if b's work had run by then (this thread may have been stalled).
-                        let done = *borrower_done.lock().unwrap();
-                        assert!(done.is_some_and(|d| d <= lent_at), "a was lent memory b's queued work may use");
+                    if back_early(&r, address, &borrower_done, Instant::now()) {
                         return;
                     }
                     b.synchronize().unwrap();
@@ -106,11 +134,7 @@ macro_rules! __share_tests {
                         return;
                     }
                     let pool = sharing_pool();
-                    let (a, b) = (Stream::non_blocking().unwrap(), Stream::non_blocking().unwrap());
-                    let address = malloc_on(&pool, &a).ptr();
-                    let q = malloc_on(&pool, &b);
-                    assert_eq!(q.ptr(), address);
-                    let borrower_done = busy(&b, 300);
+                    let LentToBusyBorrower { a, b, address, q, borrower_done } = lend_to_busy_borrower(&pool);
                     // Dropped while b captures: an event recorded now would go into the graph
                     // and mark none of the work queued on b before the capture.
                     b.begin_capture(None).unwrap();
@@ -118,9 +142,7 @@ macro_rules! __share_tests {
                     let r = malloc_on(&pool, &a);
                     let lent_at = Instant::now();
                     drop(b.end_capture().unwrap());
-                    if r.ptr() == address {
-                        let done = *borrower_done.lock().unwrap();
-                        assert!(done.is_some_and(|d| d <= lent_at), "a was lent memory b's queued work may use");
+                    if back_early(&r, address, &borrower_done, lent_at) {
                         return;
                     }
                     b.synchronize().unwrap();
