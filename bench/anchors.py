@@ -184,7 +184,9 @@ def cupy_alloc(out):
 
 
 def read_trace(path):
-    """The trace's steps, and where its second training step begins (None if it marks none)."""
+    """The trace's steps, and where its second and third training steps begin (as many of the two
+    as it marks): the step in which the optimizer's state first lives beside the activations, and
+    the steps after it, in which a loop that settles makes no raw call."""
     steps, marks = [], []
     with open(path) as f:
         for line in f:
@@ -197,7 +199,7 @@ def read_trace(path):
                 steps.append(("a", int(parts[1]), int(parts[2]), int(parts[3])))
             else:
                 steps.append(("f", int(parts[1])))
-    return steps, (marks[1] if len(marks) > 1 else None)
+    return steps, marks[1:3]
 
 
 def peak_in_use(steps):
@@ -227,8 +229,9 @@ def timed_replays(once):
     runs = [once() for _ in range(REPLAYS)]
     first = dict(runs[0])
     first["ms"] = statistics.median(r["ms"] for r in runs)
-    if first.get("later") is None:
-        first.pop("later", None)
+    for field in ("in_step2", "from_step3"):
+        if first.get(field) is None:
+            first.pop(field, None)
     return first
 
 
@@ -236,7 +239,15 @@ class _CountedMemory(cp.cuda.Memory):
     """cupy.cuda.Memory, weakly referenceable, so its frees can be counted."""
 
 
-def cupy_replay_once(steps, second, in_use, streams):
+def split_by_marks(at_marks, marks, end):
+    """The raw calls in the second step and from the third on, from the counts read at each mark
+    reached (None for a step the trace does not mark)."""
+    at = at_marks + [end] * (len(marks) - len(at_marks)) + [end]
+    parts = [b - a for a, b in zip(at, at[1:])]
+    return {"in_step2": parts[0] if len(parts) > 0 else None, "from_step3": parts[1] if len(parts) > 1 else None}
+
+
+def cupy_replay_once(steps, marks, in_use, streams):
     counts = {"allocs": 0, "frees": 0}
 
     def freed():
@@ -251,12 +262,12 @@ def cupy_replay_once(steps, second, in_use, streams):
         return cp.cuda.MemoryPointer(mem, 0)
 
     pool = cp.cuda.MemoryPool(counting)
-    live, peak, before_second = {}, 0, None
+    live, peak, at_marks = {}, 0, []
     cp.cuda.Device().synchronize()
     t = time.perf_counter()
     for i, s in enumerate(steps):
-        if i == second:
-            before_second = counts["allocs"] + counts["frees"]
+        while len(at_marks) < len(marks) and marks[len(at_marks)] == i:
+            at_marks.append(counts["allocs"] + counts["frees"])
         if s[0] == "a":
             with streams[s[3]]:
                 live[s[1]] = pool.malloc(s[2])
@@ -266,15 +277,15 @@ def cupy_replay_once(steps, second, in_use, streams):
     live.clear()
     cp.cuda.Device().synchronize()
     ms = (time.perf_counter() - t) * 1e3
-    later = None if before_second is None else counts["allocs"] + counts["frees"] - before_second
-    result = {"ratio": peak / in_use, "allocs": counts["allocs"], "frees": counts["frees"], "later": later, "ms": ms}
+    result = {"ratio": peak / in_use, "allocs": counts["allocs"], "frees": counts["frees"], "ms": ms}
+    result.update(split_by_marks(at_marks, marks, counts["allocs"] + counts["frees"]))
     pool.free_all_blocks()
     return result
 
 
-def cupy_replay(steps, second, in_use):
+def cupy_replay(steps, marks, in_use):
     streams = [cp.cuda.Stream.null] + [cp.cuda.Stream(non_blocking=True) for _ in range(n_streams(steps) - 1)]
-    return timed_replays(lambda: cupy_replay_once(steps, second, in_use, streams))
+    return timed_replays(lambda: cupy_replay_once(steps, marks, in_use, streams))
 
 
 def raw_calls():
@@ -282,17 +293,17 @@ def raw_calls():
     return stats.get("num_device_alloc", 0) + stats.get("num_device_free", 0)
 
 
-def torch_replay_once(steps, second, in_use, streams):
+def torch_replay_once(steps, marks, in_use, streams):
     torch.cuda.synchronize()
     torch.cuda.empty_cache()
     torch.cuda.reset_peak_memory_stats()
     before = torch.cuda.memory_stats()
     base = torch.cuda.memory_reserved()
-    live, before_second = {}, None
+    live, at_marks = {}, []
     t = time.perf_counter()
     for i, s in enumerate(steps):
-        if i == second:
-            before_second = raw_calls()
+        while len(at_marks) < len(marks) and marks[len(at_marks)] == i:
+            at_marks.append(raw_calls())
         if s[0] == "a":
             live[s[1]] = torch.cuda.caching_allocator_alloc(s[2], 0, streams[s[3]])
         else:
@@ -304,16 +315,16 @@ def torch_replay_once(steps, second, in_use, streams):
     torch.cuda.synchronize()
     ms = (time.perf_counter() - t) * 1e3
     after = torch.cuda.memory_stats()
-    # Raw calls from the second step to the end of the replay, read before empty_cache below
-    # gives every segment back (those frees are not the replay's).
-    later = None if before_second is None else raw_calls() - before_second
+    # Raw calls in the second step and from the third to the end of the replay, read before
+    # empty_cache below gives every segment back (those frees are not the replay's).
+    later = split_by_marks(at_marks, marks, raw_calls())
     peak = torch.cuda.max_memory_reserved() - base
     torch.cuda.empty_cache()
     return {
         "ratio": peak / in_use,
         "allocs": after.get("num_device_alloc", 0) - before.get("num_device_alloc", 0),
         "frees": after.get("num_device_free", 0) - before.get("num_device_free", 0),
-        "later": later,
+        **later,
         "ms": ms,
     }
 
@@ -322,10 +333,10 @@ def torch_fragmentation_child(directory, out_path):
     """Run in a child process, so that PYTORCH_CUDA_ALLOC_CONF (read once, when CUDA starts) can
     differ from the parent's: replays every trace through PyTorch's allocator as configured."""
     out = {}
-    for name, (steps, second) in load_traces(directory):
+    for name, (steps, marks) in load_traces(directory):
         in_use = peak_in_use(steps)
         streams = [torch.cuda.default_stream()] + [torch.cuda.Stream() for _ in range(n_streams(steps) - 1)]
-        r = timed_replays(lambda: torch_replay_once(steps, second, in_use, streams))
+        r = timed_replays(lambda: torch_replay_once(steps, marks, in_use, streams))
         for field, v in r.items():
             out[f"{name}_{field}"] = v
     with open(out_path, "w") as f:
@@ -336,19 +347,19 @@ def load_traces(directory):
     for name in TRACES:
         path = os.path.join(directory, f"{name}.trace")
         if os.path.exists(path):
-            steps, second = read_trace(path)
+            steps, marks = read_trace(path)
             if name == "random":
                 # The same trace with every allocation on one stream (gpumem's
                 # trace::on_one_stream): the allocator's own fragmentation, no stream's memory apart.
                 one = [("a", s[1], s[2], 0) if s[0] == "a" else s for s in steps]
-                yield "random_one_stream", (one, second)
-            yield name, (steps, second)
+                yield "random_one_stream", (one, marks)
+            yield name, (steps, marks)
 
 
 def fragmentation(out, directory):
-    for name, (steps, second) in load_traces(directory):
+    for name, (steps, marks) in load_traces(directory):
         in_use = peak_in_use(steps)
-        for field, v in cupy_replay(steps, second, in_use).items():
+        for field, v in cupy_replay(steps, marks, in_use).items():
             out[f"cupy_frag_{name}_{field}"] = v
     for variant, conf in (("torch_default", None), ("torch_expandable", "expandable_segments:True")):
         env = dict(os.environ)

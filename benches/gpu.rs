@@ -1097,13 +1097,14 @@ impl<A: RawAllocator> RawAllocator for Counting<A> {
 }
 
 /// What one replay of a trace through a fresh pool measured.
+#[derive(Clone)]
 struct Replayed {
     ratio: f64,
     allocs: usize,
     frees: usize,
-    /// Raw allocations and frees from the start of the second training step on (`None` when the
-    /// trace marks no second step).
-    later: Option<usize>,
+    /// Raw allocations and frees from each of the replay's marks to the next (the last: to the
+    /// end): for a training trace, its second step, then its third and later steps.
+    in_steps: Vec<usize>,
     ms: f64,
     /// Allocations served by another stream's free chunk.
     across: u64,
@@ -1130,10 +1131,10 @@ enum Raw {
 /// Replays a trace through a fresh pool (the pool's own API, each trace stream its own arena)
 /// with `policy`, timed from the first step to a device synchronisation after the last (the pool
 /// is made before and dropped after the clock). Raw frees are those made during the replay.
-fn replay_once(steps: &[trace::Step], second: Option<usize>, setup: Setup) -> Replayed {
+fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) -> Replayed {
     fn run<A: RawAllocator>(
         steps: &[trace::Step],
-        second: Option<usize>,
+        marks: &[usize],
         policy: GrowthPolicy,
         counting: Arc<Counting<A>>,
         share: bool,
@@ -1165,11 +1166,12 @@ fn replay_once(steps: &[trace::Step], second: Option<usize>, setup: Setup) -> Re
         };
         let mut live = HashMap::with_capacity(steps.len());
         let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
-        let mut before_second = 0;
+        // The raw calls made before each mark.
+        let mut at_marks = Vec::with_capacity(marks.len() + 1);
         let t = Instant::now();
         for (i, step) in steps.iter().enumerate() {
-            if Some(i) == second {
-                before_second = calls();
+            while marks.get(at_marks.len()) == Some(&i) {
+                at_marks.push(calls());
             }
             match *step {
                 trace::Step::Alloc { id, size, stream } => {
@@ -1181,56 +1183,68 @@ fn replay_once(steps: &[trace::Step], second: Option<usize>, setup: Setup) -> Re
         drop(live);
         gpumem::Device::current().synchronize().unwrap();
         let ms = t.elapsed().as_secs_f64() * 1e3;
-        let later = second.map(|_| calls() - before_second);
+        at_marks.resize(marks.len(), calls());
+        at_marks.push(calls());
+        let in_steps = at_marks.windows(2).map(|w| w[1] - w[0]).collect();
         let (allocs, frees) =
             (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
         let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
         let across = pool.stats().all.lent_across_streams;
         drop(pool);
         drop(streams);
-        Replayed { ratio, allocs, frees, later, ms, across }
+        Replayed { ratio, allocs, frees, in_steps, ms, across }
     }
     let Setup { policy, raw, share } = setup;
     match raw {
-        Raw::Plain => run(steps, second, policy, Arc::new(Counting::new(DeviceAllocator::new())), share),
+        Raw::Plain => run(steps, marks, policy, Arc::new(Counting::new(DeviceAllocator::new())), share),
         Raw::Expandable => {
             // A quarter of the device per block at most: the host backend's reserved ranges are
             // host address space, which the operating system may refuse in one piece.
             let total = gpumem::Device::current().properties().unwrap().total_memory;
             let inner =
                 ExpandableAllocator::<B>::new(dev(), expandable::DEFAULT_RESERVE.min(total / 4)).unwrap();
-            run(steps, second, policy, Arc::new(Counting::new(inner)), share)
+            run(steps, marks, policy, Arc::new(Counting::new(inner)), share)
         }
     }
 }
 
 /// One warm-up replay, then `REPLAYS` timed ones: the median time; the counts and the ratio of
 /// the first timed one (every replay starts from an empty pool, so they are the same each time).
-fn replay(steps: &[trace::Step], second: Option<usize>, setup: Setup) -> Replayed {
+fn replay(steps: &[trace::Step], marks: &[usize], setup: Setup) -> Replayed {
     const REPLAYS: usize = 5;
-    replay_once(steps, second, setup);
-    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, second, setup)).collect();
+    replay_once(steps, marks, setup);
+    let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, marks, setup)).collect();
     let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
-    Replayed { ms, ..runs[0] }
+    Replayed { ms, ..runs[0].clone() }
 }
 
 /// The traces the fragmentation rows replay: the random one, and those `bench/run-gpu.sh`
 /// recorded (`training.trace`: GPT-2, `bert.trace`: BERT fine-tuning) when present.
-/// Each with the index where its second training step begins, if it marks one.
-fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Option<usize>)> {
+/// Each with the indices where its second and third training steps begin, if it marks them.
+fn traces(dir: Option<&str>) -> Vec<(&'static str, Vec<trace::Step>, Vec<usize>)> {
     let random = trace::standard_random();
-    let mut traces =
-        vec![("random_one_stream", trace::on_one_stream(&random), None), ("random", random, None)];
+    let mut traces = vec![
+        ("random_one_stream", trace::on_one_stream(&random), Vec::new()),
+        ("random", random, Vec::new()),
+    ];
     for name in ["training", "bert"] {
         let Some(text) = dir.and_then(|d| std::fs::read_to_string(format!("{d}/{name}.trace")).ok()) else {
             continue;
         };
         match trace::parse(&text) {
-            Ok(steps) => traces.push((name, steps, trace::step_marks(&text).get(1).copied())),
+            Ok(steps) => traces.push((name, steps, later_steps(&text))),
             Err(e) => eprintln!("  {name} trace unreadable: {e}"),
         }
     }
     traces
+}
+
+/// Where a recorded training trace's second and third steps begin (its second and third `# step`
+/// marks; fewer when it has fewer): the step in which the optimizer's state first lives beside
+/// the activations (a peak the first step never reached), and the steps after it, in which a loop
+/// that settles makes no raw call.
+fn later_steps(text: &str) -> Vec<usize> {
+    trace::step_marks(text).into_iter().skip(1).take(2).collect()
 }
 
 /// gpumem's configurations: (label, policy, raw allocator, memory shared across streams).
@@ -1262,26 +1276,27 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
     let mut table = String::new();
     writeln!(
         table,
-        "| trace | allocator | held / in use | raw allocations | raw frees | raw calls from step 2 on | replay |"
+        "| trace | allocator | held / in use | raw allocations | raw frees | raw calls in step 2 | from step 3 on | replay |"
     )
     .unwrap();
-    writeln!(table, "| --- | --- | --- | --- | --- | --- | --- |").unwrap();
-    for (name, steps, second) in traces(dir) {
+    writeln!(table, "| --- | --- | --- | --- | --- | --- | --- | --- |").unwrap();
+    for (name, steps, marks) in traces(dir) {
         let label = format!("{} ({} steps)", name.replace('_', " "), steps.len());
         let mut ours = Vec::new();
         for (what, policy, raw, share) in POLICIES {
             if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
                 continue;
             }
-            let r = replay(&steps, second, Setup { policy, raw, share });
-            let later = r.later.map_or("-".into(), |n| n.to_string());
+            let r = replay(&steps, &marks, Setup { policy, raw, share });
+            let step = |k: usize| r.in_steps.get(k).map_or("-".into(), usize::to_string);
+            let (second, later) = (step(0), step(1));
             eprintln!(
-                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {later:>5} from step 2 {:>9.2} ms  {} lent across streams",
+                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {second:>5} in step 2 {later:>5} after {:>9.2} ms  {} lent across streams",
                 r.ratio, r.allocs, r.frees, r.ms, r.across
             );
             writeln!(
                 table,
-                "| {label} | {what} | {:.3} | {} | {} | {later} | {:.1} ms |",
+                "| {label} | {what} | {:.3} | {} | {} | {second} | {later} | {:.1} ms |",
                 r.ratio, r.allocs, r.frees, r.ms
             )
             .unwrap();
@@ -1290,17 +1305,18 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
         for (what, key) in FRAG_ANCHORS {
             let get = |field: &str| report.external(&format!("{key}_frag_{name}_{field}"));
             let Some(ratio) = get("ratio") else {
-                writeln!(table, "| {label} | {what} | - | - | - | - | - |").unwrap();
+                writeln!(table, "| {label} | {what} | - | - | - | - | - | - |").unwrap();
                 continue;
             };
             let count = |field: &str| get(field).map_or("-".into(), |v| format!("{v:.0}"));
             let ms = get("ms").map_or("-".into(), |v| format!("{v:.1} ms"));
             writeln!(
                 table,
-                "| {label} | {what} | {ratio:.3} | {} | {} | {} | {ms} |",
+                "| {label} | {what} | {ratio:.3} | {} | {} | {} | {} | {ms} |",
                 count("allocs"),
                 count("frees"),
-                count("later")
+                count("in_step2"),
+                count("from_step3")
             )
             .unwrap();
         }
@@ -1387,17 +1403,18 @@ fn main() {
         // `--one-stream`: every step on one stream, the allocator's own fragmentation.
         let steps =
             if args.iter().any(|a| a == "--one-stream") { trace::on_one_stream(&steps) } else { steps };
-        let mark = trace::step_marks(&text).get(1).copied();
+        let marks = later_steps(&text);
         for (what, policy, raw, share) in POLICIES {
             let options = trace::ReplayOptions {
                 expandable: raw == Raw::Expandable,
                 share_across_streams: share,
-                mark,
+                marks: marks.clone(),
             };
             let r = trace::replay_with(&steps, policy, options).expect("replay");
-            let later = r.raw_calls_from_mark.map_or("-".into(), |n| n.to_string());
+            let step = |k: usize| r.raw_calls_in_steps.get(k).map_or("-".into(), usize::to_string);
+            let (second, later) = (step(0), step(1));
             println!(
-                "{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  from step 2 {later:>4}  lent across streams {:>5}",
+                "{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  in step 2 {second:>4}  from step 3 {later:>4}  lent across streams {:>5}",
                 r.ratio(),
                 r.raw_allocs,
                 r.raw_frees,

@@ -184,7 +184,7 @@ fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) 
         pool_trace::ReplayOptions {
             expandable: options.expandable,
             share_across_streams: options.share_across_streams,
-            mark: None,
+            marks: Vec::new(),
         },
     )?;
     Ok(ReplayResult {

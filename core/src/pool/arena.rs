@@ -250,6 +250,15 @@ pub(crate) struct Lent {
     pub(crate) ptr: DevicePtr,
 }
 
+/// The end of a growable block, as a miss that would grow it sees it.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct GrowableTail {
+    /// The free bytes at the block's end (0 when its last chunk is lent).
+    pub(crate) free: usize,
+    /// The bytes the block maps now.
+    pub(crate) mapped: usize,
+}
+
 /// A lent chunk's rounding slack: `size - requested`, under the allocation unit.
 #[inline(always)]
 fn slack(size: usize, requested: usize) -> u16 {
@@ -675,15 +684,17 @@ impl<K: RawBlock> ArenaState<K> {
     }
 
     /// The free bytes at the end of the growable block of a request of `size` bytes (the newest
-    /// block of its free index); `None` when there is no such block.
-    pub(crate) fn growable_tail(&self, size: usize) -> Option<usize> {
+    /// block of its free index), and what that block maps; `None` when there is no such block.
+    pub(crate) fn growable_tail(&self, size: usize) -> Option<GrowableTail> {
         let class = policy::class(size, self.segmented);
-        let last = self.last_chunk(self.growable[class]?)?;
+        let block = self.growable[class]?;
+        let last = self.last_chunk(block)?;
         let c = &self.chunks[last as usize];
         if usize::from(c.class) != class {
             return None;
         }
-        Some(if c.state == State::Free { c.size } else { 0 })
+        let mapped = self.blocks[block as usize].as_ref()?.size();
+        Some(GrowableTail { free: if c.state == State::Free { c.size } else { 0 }, mapped })
     }
 
     /// Grows the growable block of a request of `size` bytes by `extra` bytes through `grow`

@@ -116,9 +116,10 @@ pub enum GrowthPolicy {
     /// a raw call. The cache hit costs the same as under the other policies.
     ///
     /// With expandable segments, small and large requests share one growing block, and a large
-    /// request grows it by at least 20 MiB: a loop's first step then maps memory a few times
-    /// instead of once per new tensor (three driver calls a growth), and a step grows past its
-    /// need by less than one such growth per arena.
+    /// request grows it by at least 20 MiB and at least 1/64 of what it maps: a loop's first
+    /// step then maps memory a few times instead of once per new tensor (three driver calls a
+    /// growth), a block of gigabytes grows in steps that keep pace with it, and a step grows past
+    /// its need by less than one such growth per arena (at most 1/64 of the block, or 20 MiB).
     ///
     /// Without expandable segments, a long-lived tensor made while a large block is free (an
     /// optimizer's state, made after the first backward pass) is cut from that block and pins
@@ -695,11 +696,11 @@ impl<R: RawAllocator> Pool<R> {
         }
         let Some(tail) = st.growable_tail(mem_size) else { return Ok(None) };
         let granule = self.shared.allocator.granule().max(1);
-        let Some(mut extra) = mem_size.saturating_sub(tail).checked_next_multiple_of(granule) else {
+        let Some(mut extra) = mem_size.saturating_sub(tail.free).checked_next_multiple_of(granule) else {
             return Ok(None);
         };
         if extra > 0 && self.growth_policy() == GrowthPolicy::Segments {
-            extra = policy::growth(mem_size, extra, granule);
+            extra = policy::growth(mem_size, extra, granule, tail.mapped);
         }
         if extra == 0 {
             // The tail fits after all (a fence completed, or another request's chunk came back).

@@ -273,7 +273,7 @@ pub fn peak_in_use(steps: &[Step]) -> usize {
 }
 
 /// What a replay measured.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayStats {
     /// The most bytes held from the raw allocator at once.
     pub peak_held: usize,
@@ -283,14 +283,24 @@ pub struct ReplayStats {
     pub raw_allocs: usize,
     /// Raw frees (blocks dropped), the pool's own drop at the end not counted.
     pub raw_frees: usize,
-    /// Raw allocations and frees from step `mark` on, for a replay given one
-    /// ([`replay_from`]): a training trace's second step, say, where a loop that settles makes none.
-    pub raw_calls_from_mark: Option<usize>,
+    /// Raw allocations and frees in each marked part of the trace ([`ReplayOptions::marks`]):
+    /// element `k` counts those from mark `k` to mark `k + 1`, the last to the end of the trace.
+    /// With a training trace's [`step_marks`], element 1 is its second step, where the optimizer's
+    /// state first lives beside the activations, and what follows is the steps a loop that
+    /// settles makes no raw call in.
+    pub raw_calls_in_steps: Vec<usize>,
     /// Allocations served by another stream's free chunk ([`ReplayOptions::share_across_streams`]).
     pub lent_across_streams: usize,
 }
 
 impl ReplayStats {
+    /// Raw allocations and frees from mark `k` to the end of the trace; `None` when the replay was
+    /// given fewer marks.
+    #[must_use]
+    pub fn raw_calls_from(&self, k: usize) -> Option<usize> {
+        (k < self.raw_calls_in_steps.len()).then(|| self.raw_calls_in_steps[k..].iter().sum())
+    }
+
     /// Peak bytes held over peak bytes in use.
     #[must_use]
     pub fn ratio(&self) -> f64 {
@@ -432,7 +442,8 @@ pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayS
 }
 
 /// As [`replay`] (or [`replay_expandable`], with `expandable`), also counting the raw calls made
-/// from step index `mark` on (a training trace's second step: [`step_marks`]).
+/// from step index `mark` on (a training trace's third step, say: [`step_marks`]), as
+/// [`ReplayStats::raw_calls_in_steps`]'s one element.
 ///
 /// # Errors
 ///
@@ -443,19 +454,20 @@ pub fn replay_from(
     expandable: bool,
     mark: usize,
 ) -> Result<ReplayStats> {
-    replay_with(steps, policy, ReplayOptions { expandable, mark: Some(mark), ..ReplayOptions::default() })
+    replay_with(steps, policy, ReplayOptions { expandable, marks: vec![mark], ..ReplayOptions::default() })
 }
 
-/// How [`replay_with`] sets up its pool.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+/// How [`replay_with`] sets up its pool, and where it counts raw calls.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct ReplayOptions {
     /// Expandable segments (blocks grow in 2 MiB granules, each growth a counted raw allocation).
     pub expandable: bool,
     /// Free memory lent across the trace's streams ([`Pool::set_share_across_streams`], with
     /// [`NoQueuedWork`](super::NoQueuedWork): the replay runs no device work).
     pub share_across_streams: bool,
-    /// Count the raw calls made from this step index on ([`ReplayStats::raw_calls_from_mark`]).
-    pub mark: Option<usize>,
+    /// Step indices, ascending, where counts of raw calls begin ([`ReplayStats::raw_calls_in_steps`]):
+    /// a training trace's [`step_marks`].
+    pub marks: Vec<usize>,
 }
 
 /// Replays `steps` through a new pool with `policy`, set up as `options` say.
@@ -491,10 +503,11 @@ fn replay_on(
     let mut live = HashMap::new();
     let c = allocator.counts();
     let calls = || c.allocs.load(Ordering::Relaxed) + c.frees.load(Ordering::Relaxed);
-    let mut at_mark = None;
+    // The raw calls made before each mark.
+    let mut at_marks = Vec::with_capacity(options.marks.len());
     for (i, step) in steps.iter().enumerate() {
-        if Some(i) == options.mark {
-            at_mark = Some(calls());
+        while options.marks.get(at_marks.len()) == Some(&i) {
+            at_marks.push(calls());
         }
         match *step {
             Step::Alloc { id, size, stream } => {
@@ -504,13 +517,16 @@ fn replay_on(
         }
     }
     drop(live);
-    let raw_calls_from_mark = at_mark.map(|n| calls() - n);
+    // Marks at or past the end count nothing.
+    at_marks.resize(options.marks.len(), calls());
+    at_marks.push(calls());
+    let raw_calls_in_steps = at_marks.windows(2).map(|w| w[1] - w[0]).collect();
     Ok(ReplayStats {
         peak_held: c.peak.load(Ordering::Relaxed),
         peak_in_use: peak_in_use(steps),
         raw_allocs: c.allocs.load(Ordering::Relaxed),
         raw_frees: c.frees.load(Ordering::Relaxed),
-        raw_calls_from_mark,
+        raw_calls_in_steps,
         lent_across_streams: pool.stats().all.lent_across_streams as usize,
     })
 }
@@ -528,5 +544,31 @@ mod tests {
         assert_eq!(parse(&render(&steps)).unwrap(), steps);
         assert!(parse("a 1 x 0").is_err());
         assert_eq!(peak_in_use(&steps), 4608);
+    }
+
+    #[test]
+    fn raw_calls_are_counted_between_marks() {
+        // Two blocks in the first part, none in the second (the freed one is reused), and a mark
+        // past the end counts nothing.
+        let text = "a 0 3145728 0
+# step
+a 1 3145728 0
+# step
+f 0
+f 1
+a 2 3145728 0
+";
+        let steps = parse(text).unwrap();
+        let marks = step_marks(text);
+        assert_eq!(marks, vec![1, 2]);
+        let options = |marks| ReplayOptions { marks, ..ReplayOptions::default() };
+        let r = replay_with(&steps, GrowthPolicy::CacheUntilOutOfMemory, options(marks)).unwrap();
+        assert_eq!(r.raw_calls_in_steps, vec![1, 0]);
+        assert_eq!((r.raw_calls_from(0), r.raw_calls_from(1), r.raw_calls_from(2)), (Some(1), Some(0), None));
+        assert_eq!(r.raw_allocs, 2);
+        let past = replay_with(&steps, GrowthPolicy::CacheUntilOutOfMemory, options(vec![0, 99])).unwrap();
+        assert_eq!(past.raw_calls_in_steps, vec![2, 0]);
+        let none = replay_with(&steps, GrowthPolicy::CacheUntilOutOfMemory, options(Vec::new())).unwrap();
+        assert!(none.raw_calls_in_steps.is_empty());
     }
 }
