@@ -14,10 +14,11 @@
 //!
 //! With expandable segments the two classes share one growing block, where PyTorch keeps a
 //! segment for each: a growing block gives memory back only from its free tail, which any live
-//! chunk before it pins, small or large, so the classes protect nothing there. Replayed, one
-//! block held less on GPT-2's steps (1.0028 held over in use against 1.0033) and the random
-//! trace (1.66 against 1.67), 0.1 % more on BERT's (1.0110 against 1.0099), with fewer raw
-//! allocations on all three (171 against 173, 48 against 111, 154 against 157).
+//! chunk before it pins, small or large, so the classes protect nothing there. Replayed (with
+//! growth in 20 MiB steps, before the 1/64 rule of [`growth`]), one block held less on GPT-2's
+//! steps (1.0028 held over in use against 1.0033) and the random trace (1.66 against 1.67), 0.1 %
+//! more on BERT's (1.0110 against 1.0099), with fewer raw allocations on all three (171 against
+//! 173, 48 against 111, 154 against 157).
 
 use super::UNIT;
 
