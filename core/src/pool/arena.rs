@@ -13,7 +13,7 @@ use crate::hal::types::DevicePtr;
 
 use super::raw::RawBlock;
 
-use super::index::{bin_for, FreeIndex, NIL};
+use super::index::{bin_for, FreeIndex, MIN_SLOTS, NIL};
 use super::policy;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -269,8 +269,11 @@ fn slack(size: usize, requested: usize) -> u16 {
 impl<K: RawBlock> ArenaState<K> {
     pub(crate) fn new() -> Self {
         ArenaState {
-            chunks: Vec::new(),
-            vacant: Vec::new(),
+            // Room for a few chunks up front, so that the entries written on every allocation lie
+            // at the start of a buffer larger than they are, never beside another arena's (see
+            // `MIN_SLOTS`); the vacant slots are `u32`s, so as many bytes as the index's links.
+            chunks: Vec::with_capacity(MIN_SLOTS),
+            vacant: Vec::with_capacity(4 * MIN_SLOTS),
             blocks: Vec::new(),
             vacant_blocks: Vec::new(),
             index: FreeIndex::new(),
@@ -286,6 +289,12 @@ impl<K: RawBlock> ArenaState<K> {
             n_lent: 0,
             counters: Counters::default(),
         }
+    }
+
+    /// The room of the chunk buffer and the vacant-slot buffer (see `MIN_SLOTS`).
+    #[cfg(test)]
+    pub(crate) fn spare_room(&self) -> (usize, usize) {
+        (self.chunks.capacity(), self.vacant.capacity())
     }
 
     /// Whether the arena holds no chunk at all (and so no raw memory).

@@ -70,9 +70,23 @@ fn bin_of(units: usize) -> usize {
     SMALL_UNITS + (log2 - SMALL_LOG2) as usize * SUB_CLASSES + sub
 }
 
+/// Slots an arena's chunk and link buffers have room for from the start, and bins past the last
+/// one used that `heads` has room for. An arena's hot entries (the slots and the bin its
+/// allocations reuse) are written on every allocation and free by the threads of its stream; with
+/// this much unused room after them, the next heap object (another arena's buffers, when one
+/// thread made both arenas) begins at least two cache lines away, so threads on different streams
+/// never write one line.
+pub(crate) const MIN_SLOTS: usize = 16;
+const HEADS_SPARE: usize = 64;
+
 impl FreeIndex {
     pub(crate) fn new() -> Self {
-        FreeIndex { heads: Vec::new(), links: Vec::new(), words: [0; WORDS], summary: [0; SUMMARY] }
+        FreeIndex {
+            heads: Vec::new(),
+            links: Vec::with_capacity(MIN_SLOTS),
+            words: [0; WORDS],
+            summary: [0; SUMMARY],
+        }
     }
 
     /// Makes room for slots `0..n`.
@@ -88,7 +102,7 @@ impl FreeIndex {
         let bin = bin as usize;
         debug_assert_eq!(bin, bin_of(size / UNIT));
         if self.heads.len() <= bin {
-            self.heads.resize(bin + 1, NIL);
+            self.grow_heads(bin);
         }
         let head = self.heads[bin];
         self.links[slot as usize] = Link { prev: NIL, next: head, size };
@@ -97,6 +111,13 @@ impl FreeIndex {
         }
         self.set_bit(bin);
         self.heads[bin] = slot;
+    }
+
+    /// Makes room for bin `bin` and [`HEADS_SPARE`] more, so the bin just used is not the
+    /// buffer's last entry.
+    #[cold]
+    fn grow_heads(&mut self, bin: usize) {
+        self.heads.resize(bin + 1 + HEADS_SPARE, NIL);
     }
 
     /// Removes a free chunk inserted into `bin`.

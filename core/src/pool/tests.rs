@@ -613,6 +613,23 @@ fn recorded_training_steps_hold_within_three_percent_and_settle_with_expandable_
 }
 
 #[test]
+fn arenas_made_one_after_the_other_share_no_cache_line() {
+    // Threads on different streams write their arenas on every allocation and free; arenas made
+    // on one thread (streams made up front) must not lie in one line or one prefetched pair.
+    let (pool, _, cache) = pool();
+    let arenas: Vec<Arc<Arena<Mock>>> = (1..=8).map(|n| pool.arena(ArenaKey::stream(n), &cache)).collect();
+    for a in &arenas {
+        let start = Arc::as_ptr(a) as usize;
+        assert_eq!(start % 128, 0, "an arena starts a pair of lines");
+        assert_eq!(std::mem::size_of::<Arena<Mock>>() % 128, 0, "and ends one");
+        let st = a.state.lock();
+        let (chunks, vacant) = st.spare_room();
+        assert!(chunks >= index::MIN_SLOTS && vacant >= 4 * index::MIN_SLOTS, "its buffers have room");
+    }
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "400 misses through the policy: minutes under Miri, and no unsafe code")]
 fn a_growing_block_grows_in_steps_that_keep_pace_with_it() {
     // 400 tensors of 30 MiB, none freed (a model's weights and optimizer state, say): 12 GiB.
     const N: usize = 400;
