@@ -1166,13 +1166,10 @@ fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) -> Replayed
         };
         let mut live = HashMap::with_capacity(steps.len());
         let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
-        // The raw calls made before each mark.
-        let mut at_marks = Vec::with_capacity(marks.len() + 1);
+        let mut per_step = trace::CountsBetweenMarks::new(marks);
         let t = Instant::now();
         for (i, step) in steps.iter().enumerate() {
-            while marks.get(at_marks.len()) == Some(&i) {
-                at_marks.push(calls());
-            }
+            per_step.at(i, calls());
             match *step {
                 trace::Step::Alloc { id, size, stream } => {
                     live.insert(id, pool.malloc(size, keys[stream], &cache).unwrap());
@@ -1183,9 +1180,7 @@ fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) -> Replayed
         drop(live);
         gpumem::Device::current().synchronize().unwrap();
         let ms = t.elapsed().as_secs_f64() * 1e3;
-        at_marks.resize(marks.len(), calls());
-        at_marks.push(calls());
-        let in_steps = at_marks.windows(2).map(|w| w[1] - w[0]).collect();
+        let in_steps = per_step.finish(calls());
         let (allocs, frees) =
             (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
         let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;

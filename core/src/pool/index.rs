@@ -70,13 +70,13 @@ fn bin_of(units: usize) -> usize {
     SMALL_UNITS + (log2 - SMALL_LOG2) as usize * SUB_CLASSES + sub
 }
 
-/// Slots an arena's chunk and link buffers have room for from the start, and bins past the last
-/// one used that `heads` has room for. An arena's hot entries (the slots and the bin its
-/// allocations reuse) are written on every allocation and free by the threads of its stream; with
-/// this much unused room after them, the next heap object (another arena's buffers, when one
-/// thread made both arenas) begins at least two cache lines away, so threads on different streams
-/// never write one line.
+/// Slots an arena's chunk and link buffers have room for from the start. An arena's hot entries
+/// (the slots and the bin its allocations reuse) are written on every allocation and free by the
+/// threads of its stream; with this much unused room after them, the next heap object (another
+/// arena's buffers, when one thread made both arenas) begins at least two cache lines away, so
+/// threads on different streams never write one line.
 pub(crate) const MIN_SLOTS: usize = 16;
+/// Bins past the last one used that `heads` has room for, for the same reason.
 const HEADS_SPARE: usize = 64;
 
 impl FreeIndex {

@@ -470,6 +470,39 @@ pub struct ReplayOptions {
     pub marks: Vec<usize>,
 }
 
+/// A running count (raw calls, say) split at a replay's marks: what it grew by from each mark to
+/// the next, the last to the end ([`ReplayStats::raw_calls_in_steps`]).
+#[derive(Debug)]
+pub struct CountsBetweenMarks<'a> {
+    marks: &'a [usize],
+    /// The count when each mark passed so far was reached.
+    at_marks: Vec<usize>,
+}
+
+impl<'a> CountsBetweenMarks<'a> {
+    /// For step indices `marks`, ascending.
+    #[must_use]
+    pub fn new(marks: &'a [usize]) -> Self {
+        CountsBetweenMarks { marks, at_marks: Vec::with_capacity(marks.len()) }
+    }
+
+    /// Called before step `index` runs, with the count so far.
+    pub fn at(&mut self, index: usize, count: usize) {
+        while self.marks.get(self.at_marks.len()) == Some(&index) {
+            self.at_marks.push(count);
+        }
+    }
+
+    /// The count's growth in each marked part, given the count at the end; marks at or past the
+    /// end count nothing.
+    #[must_use]
+    pub fn finish(mut self, count: usize) -> Vec<usize> {
+        self.at_marks.resize(self.marks.len(), count);
+        self.at_marks.push(count);
+        self.at_marks.windows(2).map(|w| w[1] - w[0]).collect()
+    }
+}
+
 /// Replays `steps` through a new pool with `policy`, set up as `options` say.
 ///
 /// # Errors
@@ -503,12 +536,9 @@ fn replay_on(
     let mut live = HashMap::new();
     let c = allocator.counts();
     let calls = || c.allocs.load(Ordering::Relaxed) + c.frees.load(Ordering::Relaxed);
-    // The raw calls made before each mark.
-    let mut at_marks = Vec::with_capacity(options.marks.len());
+    let mut per_step = CountsBetweenMarks::new(&options.marks);
     for (i, step) in steps.iter().enumerate() {
-        while options.marks.get(at_marks.len()) == Some(&i) {
-            at_marks.push(calls());
-        }
+        per_step.at(i, calls());
         match *step {
             Step::Alloc { id, size, stream } => {
                 live.insert(id, pool.malloc(size, ArenaKey::stream(stream), &cache)?);
@@ -517,10 +547,7 @@ fn replay_on(
         }
     }
     drop(live);
-    // Marks at or past the end count nothing.
-    at_marks.resize(options.marks.len(), calls());
-    at_marks.push(calls());
-    let raw_calls_in_steps = at_marks.windows(2).map(|w| w[1] - w[0]).collect();
+    let raw_calls_in_steps = per_step.finish(calls());
     Ok(ReplayStats {
         peak_held: c.peak.load(Ordering::Relaxed),
         peak_in_use: peak_in_use(steps),
