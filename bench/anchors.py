@@ -4,7 +4,8 @@ same machine, the same sizes and the same traces, in the same run.
 
 Writes DIR/anchors.txt, one `key value` per line, which `cargo bench --bench gpu` reads through
 GPUMEM_BENCH_DIR. DIR must hold random.trace (written by the benchmark with --write-trace) and may
-hold training.trace and bert.trace (bench/record_training_trace.py).
+hold training.trace and bert.trace (bench/record_training_trace.py) and random_seedN.trace, the
+random trace on one stream from other seeds (--write-seeds).
 
 Fragmentation: every trace replayed through CuPy's MemoryPool (its raw allocations and frees
 counted through a counting allocator) and PyTorch's caching allocator, default and with
@@ -354,6 +355,16 @@ def load_traces(directory):
                 one = [("a", s[1], s[2], 0) if s[0] == "a" else s for s in steps]
                 yield "random_one_stream", (one, marks)
             yield name, (steps, marks)
+    # The random trace on one stream from other seeds (the benchmark's --write-seeds), so that
+    # each allocator's figure on the standard seed is read beside its spread over seeds.
+    seeds = [
+        f[len("random_seed") : -len(".trace")]
+        for f in os.listdir(directory)
+        if f.startswith("random_seed") and f.endswith(".trace")
+    ]
+    for seed in sorted(int(s) for s in seeds if s.isdigit()):
+        name = f"random_seed{seed}"
+        yield name, read_trace(os.path.join(directory, f"{name}.trace"))
 
 
 def fragmentation(out, directory):

@@ -13,6 +13,9 @@
 //! cargo bench --features cuda --bench gpu                  # on an NVIDIA GPU
 //! cargo bench --bench gpu                                  # the same program on the host backend
 //! cargo bench --bench gpu -- --write-trace random.trace    # the random trace, for the anchors
+//! cargo bench --bench gpu -- --write-seeds DIR              # the other seeds' traces, for them
+//! cargo bench --bench gpu -- --replay-host TRACE            # gpumem's figures without a device
+//! cargo bench --bench gpu -- --replay-seeds                 # the same for every other seed
 //! ```
 //!
 //! Nothing here asserts a timing: the output is a report.
@@ -1367,6 +1370,103 @@ fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
             );
         }
     }
+    table.push('\n');
+    table.push_str(&seed_table(report));
+    table
+}
+
+/// The median of an even count too: the mean of the middle two.
+fn middle(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let n = v.len();
+    if n.is_multiple_of(2) {
+        (v[n / 2 - 1] + v[n / 2]) / 2.0
+    } else {
+        v[n / 2]
+    }
+}
+
+/// The name of the trace of seed `seed`: its key in anchors.txt and its file, with `.trace`.
+fn seed_trace(seed: u64) -> String {
+    format!("random_seed{seed}")
+}
+
+/// The random trace on one stream drawn from each of [`trace::OTHER_SEEDS`]: what each
+/// allocator holds over the peak in use and its raw allocations, seed by seed, with the median
+/// of each column (the figure on the standard seed is read beside these). Adds gpumem's median
+/// against PyTorch's to the report.
+fn seed_table(report: &mut Report) -> String {
+    let mut table = String::new();
+    let anchors: Vec<&str> = FRAG_ANCHORS.iter().map(|a| a.0).collect();
+    writeln!(
+        table,
+        "| random trace, one stream, seed | gpumem, Segments, expandable segments | gpumem, Segments | {} |",
+        anchors.join(" | ")
+    )
+    .unwrap();
+    writeln!(table, "|{}", " --- |".repeat(3 + anchors.len())).unwrap();
+    let ours = [(Raw::Expandable, 0), (Raw::Plain, 1)];
+    let mut columns: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ours.len() + FRAG_ANCHORS.len()];
+    for seed in trace::OTHER_SEEDS {
+        let steps = trace::on_one_stream(&trace::random_seeded(seed));
+        let mut cells = Vec::new();
+        for (raw, column) in ours {
+            if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
+                cells.push("-".to_owned());
+                continue;
+            }
+            let r = replay(&steps, &[], Setup { policy: GrowthPolicy::Segments, raw, share: false });
+            columns[column].push((r.ratio, r.allocs as f64));
+            cells.push(format!("{:.3} ({} raw)", r.ratio, r.allocs));
+        }
+        for (i, (_, key)) in FRAG_ANCHORS.iter().enumerate() {
+            let get = |field: &str| report.external(&format!("{key}_frag_{}_{field}", seed_trace(seed)));
+            match (get("ratio"), get("allocs")) {
+                (Some(ratio), Some(allocs)) => {
+                    columns[ours.len() + i].push((ratio, allocs));
+                    cells.push(format!("{ratio:.3} ({allocs:.0} raw)"));
+                }
+                _ => cells.push("-".to_owned()),
+            }
+        }
+        eprintln!("  random trace, one stream, seed {seed}: {}", cells.join(", "));
+        writeln!(table, "| {seed} | {} |", cells.join(" | ")).unwrap();
+    }
+    let medians: Vec<Option<(f64, f64)>> = columns
+        .iter()
+        .map(|c| {
+            (c.len() == trace::OTHER_SEEDS.len()).then(|| {
+                let ratios: Vec<f64> = c.iter().map(|x| x.0).collect();
+                let allocs: Vec<f64> = c.iter().map(|x| x.1).collect();
+                (middle(ratios), middle(allocs))
+            })
+        })
+        .collect();
+    let cells: Vec<String> =
+        medians.iter().map(|m| m.map_or("-".into(), |(r, a)| format!("{r:.3} ({a:.0} raw)"))).collect();
+    writeln!(table, "| median | {} |", cells.join(" | ")).unwrap();
+    let torch = medians[ours.len()];
+    if let Some((ratio, allocs)) = medians[0] {
+        let what = "random trace, one stream, median of 8 other seeds, Segments + expandable segments";
+        report.add(
+            "fragmentation",
+            format!("{what}, held / in use"),
+            ratio,
+            "PyTorch caching allocator",
+            torch.map(|t| t.0),
+            "ratio",
+            true,
+        );
+        report.add(
+            "fragmentation",
+            format!("{what}, raw allocations"),
+            allocs,
+            "PyTorch caching allocator",
+            torch.map(|t| t.1),
+            "calls",
+            true,
+        );
+    }
     table
 }
 
@@ -1387,6 +1487,37 @@ fn main() {
     if let Some(i) = args.iter().position(|a| a == "--write-trace") {
         let path = args.get(i + 1).expect("--write-trace PATH");
         std::fs::write(path, trace::render(&trace::standard_random())).expect("write the trace");
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--write-seeds") {
+        // The other seeds' traces, already on one stream, for the anchors to replay.
+        let dir = args.get(i + 1).expect("--write-seeds DIR");
+        for seed in trace::OTHER_SEEDS {
+            let steps = trace::on_one_stream(&trace::random_seeded(seed));
+            let path = format!("{dir}/{}.trace", seed_trace(seed));
+            std::fs::write(&path, trace::render(&steps)).expect("write the trace");
+        }
+        return;
+    }
+    if args.iter().any(|a| a == "--replay-seeds") {
+        // gpumem's side of the seed table without a device.
+        for seed in trace::OTHER_SEEDS {
+            let steps = trace::on_one_stream(&trace::random_seeded(seed));
+            // One stream: memory shared across streams changes nothing.
+            for (what, policy, raw, _) in POLICIES.into_iter().filter(|p| !p.3) {
+                let options = trace::ReplayOptions {
+                    expandable: raw == Raw::Expandable,
+                    ..trace::ReplayOptions::default()
+                };
+                let r = trace::replay_with(&steps, policy, options).expect("replay");
+                println!(
+                    "seed {seed}  {what:<42} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}",
+                    r.ratio(),
+                    r.raw_allocs,
+                    r.raw_frees
+                );
+            }
+        }
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--replay-host") {

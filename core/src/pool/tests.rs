@@ -659,6 +659,28 @@ fn the_random_trace_on_one_stream_holds_within_six_percent_with_expandable_segme
 
 #[test]
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+fn over_the_other_seeds_expandable_segments_hold_less_than_cupys_rule_and_free_nothing() {
+    // The standard seed's 1.055 is one draw: on the other seeds the same policy holds 1.12-1.23,
+    // and on one of them (seed 7) CuPy's rule, a block per request size, happens to hold less.
+    // What holds over the seeds is the comparison in sum, and that a growing block is never
+    // given back mid-trace.
+    assert_eq!(trace::random_seeded(trace::STANDARD_SEED), trace::standard_random());
+    let (mut ours, mut cupys, mut worst) = (0, 0, 0.0f64);
+    for seed in trace::OTHER_SEEDS {
+        let steps = trace::on_one_stream(&trace::random_seeded(seed));
+        let r = trace::replay_expandable(&steps, GrowthPolicy::Segments).unwrap();
+        let cupy = trace::replay(&steps, GrowthPolicy::CacheUntilOutOfMemory).unwrap();
+        assert_eq!(r.raw_frees, 0, "seed {seed}");
+        ours += r.peak_held;
+        cupys += cupy.peak_held;
+        worst = worst.max(r.ratio());
+    }
+    assert!(ours < cupys, "held {ours} over the seeds against CuPy's rule's {cupys}");
+    assert!(worst < 1.25, "the worst seed held {worst:.4}");
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn on_several_streams_the_pool_holds_at_least_the_sum_of_each_streams_own_peak() {
     // Why the random trace on its four streams cannot get near its peak in use while the streams'
     // arenas share no memory (CuPy's rule, the default).

@@ -91,7 +91,22 @@ pub fn random(
 /// The standard random trace of the benchmarks: 20,000 steps, 52 % allocations, log-normal sizes
 /// (median 256 KiB, sigma 2) up to 256 MiB, on 4 streams.
 pub fn standard_random() -> Vec<Step> {
-    random(20_261_130, 20_000, 0.52, 256.0 * 1024.0, 2.0, 256 << 20, 4)
+    random_seeded(STANDARD_SEED)
+}
+
+/// The seed of [`standard_random`].
+pub const STANDARD_SEED: u64 = 20_261_130;
+
+/// Seeds of other traces drawn as [`standard_random`] is. What one trace holds over its peak in
+/// use depends on where its few largest requests fall among the holes of the moment, which any
+/// placement rule meets by chance: replayed on one stream with expandable segments, gpumem's
+/// `Segments` policy holds 1.055 on the standard seed and 1.12-1.23 on these, so a figure on
+/// one seed is read beside these.
+pub const OTHER_SEEDS: [u64; 8] = [1, 2, 3, 4, 5, 6, 7, 8];
+
+/// A trace drawn as [`standard_random`] is, from another seed (see [`OTHER_SEEDS`]).
+pub fn random_seeded(seed: u64) -> Vec<Step> {
+    random(seed, 20_000, 0.52, 256.0 * 1024.0, 2.0, 256 << 20, 4)
 }
 
 /// `steps` with every allocation on stream 0: the same sizes in the same order, with no stream's
