@@ -1443,7 +1443,7 @@ fn seed_table(report: &mut Report) -> String {
         })
         .collect();
     let cells: Vec<String> =
-        medians.iter().map(|m| m.map_or("-".into(), |(r, a)| format!("{r:.3} ({a:.0} raw)"))).collect();
+        medians.iter().map(|m| m.map_or("-".into(), |(r, a)| format!("{r:.3} ({a:.1} raw)"))).collect();
     writeln!(table, "| median | {} |", cells.join(" | ")).unwrap();
     let torch = medians[ours.len()];
     if let Some((ratio, allocs)) = medians[0] {
