@@ -1386,6 +1386,38 @@ fn middle(mut v: Vec<f64>) -> f64 {
     }
 }
 
+/// The random trace drawn from `seed`, on one stream: what the seed table replays.
+fn seed_steps(seed: u64) -> Vec<trace::Step> {
+    trace::on_one_stream(&trace::random_seeded(seed))
+}
+
+/// The host replay of `steps` (no device: ratio and raw calls depend only on the pool's rules and
+/// the trace) with each of `policies`, a line each, after `prefix`.
+fn print_host_replays(
+    prefix: &str,
+    steps: &[trace::Step],
+    marks: &[usize],
+    policies: &[(&str, GrowthPolicy, Raw, bool)],
+) {
+    for &(what, policy, raw, share) in policies {
+        let options = trace::ReplayOptions {
+            expandable: raw == Raw::Expandable,
+            share_across_streams: share,
+            marks: marks.to_vec(),
+        };
+        let r = trace::replay_with(steps, policy, options).expect("replay");
+        let step = |k: usize| r.raw_calls_in_steps.get(k).map_or("-".into(), usize::to_string);
+        let (second, later) = (step(0), step(1));
+        println!(
+            "{prefix}{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  in step 2 {second:>4}  from step 3 {later:>4}  lent across streams {:>5}",
+            r.ratio(),
+            r.raw_allocs,
+            r.raw_frees,
+            r.lent_across_streams
+        );
+    }
+}
+
 /// The name of the trace of seed `seed`: its key in anchors.txt and its file, with `.trace`.
 fn seed_trace(seed: u64) -> String {
     format!("random_seed{seed}")
@@ -1408,7 +1440,7 @@ fn seed_table(report: &mut Report) -> String {
     let ours = [(Raw::Expandable, 0), (Raw::Plain, 1)];
     let mut columns: Vec<Vec<(f64, f64)>> = vec![Vec::new(); ours.len() + FRAG_ANCHORS.len()];
     for seed in trace::OTHER_SEEDS {
-        let steps = trace::on_one_stream(&trace::random_seeded(seed));
+        let steps = seed_steps(seed);
         let mut cells = Vec::new();
         for (raw, column) in ours {
             if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
@@ -1447,7 +1479,10 @@ fn seed_table(report: &mut Report) -> String {
     writeln!(table, "| median | {} |", cells.join(" | ")).unwrap();
     let torch = medians[ours.len()];
     if let Some((ratio, allocs)) = medians[0] {
-        let what = "random trace, one stream, median of 8 other seeds, Segments + expandable segments";
+        let what = format!(
+            "random trace, one stream, median of {} other seeds, Segments + expandable segments",
+            trace::OTHER_SEEDS.len()
+        );
         report.add(
             "fragmentation",
             format!("{what}, held / in use"),
@@ -1493,30 +1528,17 @@ fn main() {
         // The other seeds' traces, already on one stream, for the anchors to replay.
         let dir = args.get(i + 1).expect("--write-seeds DIR");
         for seed in trace::OTHER_SEEDS {
-            let steps = trace::on_one_stream(&trace::random_seeded(seed));
             let path = format!("{dir}/{}.trace", seed_trace(seed));
-            std::fs::write(&path, trace::render(&steps)).expect("write the trace");
+            std::fs::write(&path, trace::render(&seed_steps(seed))).expect("write the trace");
         }
         return;
     }
     if args.iter().any(|a| a == "--replay-seeds") {
         // gpumem's side of the seed table without a device.
+        // One stream: memory shared across streams changes nothing.
+        let policies: Vec<_> = POLICIES.into_iter().filter(|p| !p.3).collect();
         for seed in trace::OTHER_SEEDS {
-            let steps = trace::on_one_stream(&trace::random_seeded(seed));
-            // One stream: memory shared across streams changes nothing.
-            for (what, policy, raw, _) in POLICIES.into_iter().filter(|p| !p.3) {
-                let options = trace::ReplayOptions {
-                    expandable: raw == Raw::Expandable,
-                    ..trace::ReplayOptions::default()
-                };
-                let r = trace::replay_with(&steps, policy, options).expect("replay");
-                println!(
-                    "seed {seed}  {what:<42} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}",
-                    r.ratio(),
-                    r.raw_allocs,
-                    r.raw_frees
-                );
-            }
+            print_host_replays(&format!("seed {seed}  "), &seed_steps(seed), &[], &policies);
         }
         return;
     }
@@ -1529,24 +1551,7 @@ fn main() {
         // `--one-stream`: every step on one stream, the allocator's own fragmentation.
         let steps =
             if args.iter().any(|a| a == "--one-stream") { trace::on_one_stream(&steps) } else { steps };
-        let marks = later_steps(&text);
-        for (what, policy, raw, share) in POLICIES {
-            let options = trace::ReplayOptions {
-                expandable: raw == Raw::Expandable,
-                share_across_streams: share,
-                marks: marks.clone(),
-            };
-            let r = trace::replay_with(&steps, policy, options).expect("replay");
-            let step = |k: usize| r.raw_calls_in_steps.get(k).map_or("-".into(), usize::to_string);
-            let (second, later) = (step(0), step(1));
-            println!(
-                "{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  in step 2 {second:>4}  from step 3 {later:>4}  lent across streams {:>5}",
-                r.ratio(),
-                r.raw_allocs,
-                r.raw_frees,
-                r.lent_across_streams
-            );
-        }
+        print_host_replays("", &steps, &later_steps(&text), &POLICIES);
         return;
     }
     let dir = std::env::var("GPUMEM_BENCH_DIR").ok();
