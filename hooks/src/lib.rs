@@ -71,6 +71,8 @@ mod recorder;
 mod site;
 #[cfg(feature = "line-profile")]
 mod stack;
+#[cfg(feature = "line-profile")]
+mod user_frame;
 
 pub use debug_print::DebugPrintHook;
 #[cfg(feature = "line-profile")]

@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::{Arc, PoisonError, RwLock};
 
-use crate::stack::is_user_frame;
+use crate::user_frame::is_user_frame;
 
 /// Finds call sites, caching what each instruction pointer resolves to.
 #[derive(Default)]
