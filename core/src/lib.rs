@@ -132,3 +132,11 @@ pub use runtime::transfer::CopySource;
 pub mod __private {
     pub use crate::runtime::state::{Globals, ThreadState};
 }
+
+/// Where this crate's sources are: the `src` directory of its package, as the absolute path the
+/// compiler read them from. Unless the build remaps paths, every file name the debug info gives
+/// for this crate's code lies under it. gpumem-hooks reads it to tell the pool's frames from the
+/// user's where the debug info names functions without their module path
+/// (`debug = "line-tables-only"`). Not part of the API.
+#[doc(hidden)]
+pub const SOURCE_DIR: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/src");
