@@ -71,10 +71,10 @@ impl SiteFinder {
             }
             let Some(name) = symbol.name() else { return };
             let function = format!("{name:#}");
-            let file = symbol.filename().map(|p| p.display().to_string());
-            if is_user_frame(&function, file.as_deref(), &self.skipped) {
+            let file = symbol.filename();
+            if is_user_frame(&function, file, &self.skipped) {
                 let line = symbol.lineno().unwrap_or(0);
-                let file = file.as_deref().unwrap_or("??");
+                let file = file.map_or_else(|| "??".into(), |f| f.display().to_string());
                 found = Some(json_string(&format!("{file}:{line}:{function}")));
             }
         });

@@ -90,10 +90,10 @@ impl StackCapture {
         backtrace::resolve(address as *mut std::ffi::c_void, |symbol| {
             let Some(name) = symbol.name() else { return };
             let function = format!("{name:#}");
-            let file = symbol.filename().map(|p| p.display().to_string());
-            if is_user_frame(&function, file.as_deref(), &self.skipped) {
+            let file = symbol.filename();
+            if is_user_frame(&function, file, &self.skipped) {
                 found.push(StackFrame {
-                    file: file.unwrap_or_else(|| "??".to_owned()),
+                    file: file.map_or_else(|| "??".to_owned(), |f| f.display().to_string()),
                     line: symbol.lineno().unwrap_or(0),
                     function,
                 });
