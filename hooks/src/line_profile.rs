@@ -41,6 +41,16 @@ use crate::stack::{StackCapture, StackFrame};
 /// [`skip_crate`](Self::skip_crate) to hide a library of your own that wraps the pool, as CuPy's
 /// own Cython frames are hidden.
 ///
+/// A frame's crate is the first segment of its function's path. Where the debug info names the
+/// function without its path (`new` for `my_app::model::Model::new`, see below), the frame's
+/// source file decides instead, since the file is all such debug info says of a function's
+/// origin: files of the standard library (`/rustc/...`), of gpumem's crates (their `src`
+/// directories) and of skipped crates from a registry are not the user's; other Rust files are,
+/// the tests of gpumem's own crates included; files of other languages and frames without a file
+/// are foreign. This reads the absolute file names the compiler writes: a build that also
+/// remaps source paths (`--remap-path-prefix`) can see gpumem's own frames reported where they
+/// are named without a path.
+///
 /// This is a profiling tool:
 ///
 /// - every `malloc` (and every cache miss) walks the stack: a few microseconds, against the
@@ -48,12 +58,21 @@ use crate::stack::{StackCapture, StackFrame};
 ///   `benches/line_profile.rs`);
 /// - the first event symbolises: loading the debug info takes tens to hundreds of milliseconds;
 ///   each new return address is then symbolised once (microseconds) and cached;
-/// - file and line numbers need debug info (`debug = "limited"` or more in the profile that builds
-///   the program; `"line-tables-only"` names inlined frames without their module path, and such
-///   frames are dropped as not the user's). Without it frames keep their function name, with file
-///   `??` and line 0, and calls from one function merge into one node; a function inlined into
-///   its caller has no frame of its own (one inlined into the standard library disappears with
-///   it); frames with no symbol at all are dropped. With debug info, inlined calls are recovered.
+/// - file and line numbers need debug info in the profile that builds the program:
+///   - `debug = "full"` (`true`, `2`) and `debug = "limited"` (`1`) give every frame its file,
+///     line and function path, as in the report above;
+///   - `debug = "line-tables-only"` gives file and line too, and the same call sites, but names
+///     most functions without their module path (every inlined call, and every function that
+///     calls were inlined into: nearly all of an optimised build): `src/model.rs:40:new`. Only
+///     the functions this debug info says nothing of keep their path, named from the symbol
+///     table;
+///   - `debug = "none"` (`false`, `0`) gives no file or line: frames keep their function's path
+///     (from the symbol table), with file `??` and line 0, and calls from one function merge
+///     into one node; a function inlined into its caller has no frame of its own (one inlined
+///     into the standard library disappears with it). A stripped binary has no symbols either:
+///     its frames are dropped, and the report has the root alone.
+///
+///   With file and line, inlined calls are recovered as frames of their own.
 ///
 /// `max_depth` limits the tree as in CuPy: `max_depth = N` keeps the `N - 1` outermost levels of
 /// frames below the root (1: the root only); 0 keeps every level. With `max_depth = 1` no stack
@@ -177,6 +196,15 @@ impl LineProfileHook {
     /// Also drops the frames of crate `name` (its name as in paths: `my_arrays`, not
     /// `my-arrays`), for a library of your own that allocates from the pool on its users'
     /// behalf: its callers are then the call sites.
+    ///
+    /// A frame is the crate's when its function's path starts with `name`, or when its file is
+    /// in the crate's package directory from a registry (`.../my-arrays-0.3.1/src/...`). Debug
+    /// info built with `debug = "line-tables-only"` names most functions without their path, and
+    /// then cannot tell a frame of a crate that is not from a registry (a path or git
+    /// dependency, a member of your workspace): its frames stay in the report. Building that
+    /// crate with more debug info gives its functions their paths back
+    /// (`[profile.release.package.my-arrays] debug = "limited"`), except where they were inlined
+    /// into a crate built with line tables only.
     #[must_use]
     pub fn skip_crate(self, name: impl Into<String>) -> Self {
         self.state.borrow_mut().stack.skip_crate(name.into());

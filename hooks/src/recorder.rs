@@ -76,8 +76,14 @@ impl<W: Write + Send + 'static> Recorder<W> {
     /// a few microseconds per line, against a few hundred nanoseconds without (benchmarked in
     /// `benches/recorder.rs`). Each instruction pointer is symbolised once, on the first line
     /// that walks through it; the first of all loads the program's debug info (tens to hundreds
-    /// of milliseconds). File and line need debug info, as for
-    /// [`LineProfileHook`](crate::LineProfileHook); without it a site is `??:0:function`.
+    /// of milliseconds).
+    ///
+    /// The frames are told apart as [`LineProfileHook`](crate::LineProfileHook) tells them, and
+    /// a site needs the same debug info in the profile that builds the program: with
+    /// `debug = "full"` or `"limited"` it is `file:line:path` (`src/model.rs:41:app::model::Model::step`);
+    /// with `"line-tables-only"` it has the same file and line, and most functions are named
+    /// without their module path (`src/model.rs:41:step`); with `"none"` it is `??:0:path`, the
+    /// path from the symbol table; a stripped binary gives no sites.
     #[cfg(feature = "line-profile")]
     #[must_use]
     pub fn with_call_sites(mut self) -> Self {
@@ -88,6 +94,10 @@ impl<W: Write + Send + 'static> Recorder<W> {
     /// With [`with_call_sites`](Self::with_call_sites): also skips the frames of crate `name`
     /// (its name as in paths: `my_arrays`), for a library of your own that allocates on its
     /// users' behalf, so that its callers are the call sites. Turns call sites on.
+    ///
+    /// The crate's frames are found as [`LineProfileHook::skip_crate`](crate::LineProfileHook::skip_crate)
+    /// finds them: built with `debug = "line-tables-only"`, those of a crate that is not from a
+    /// registry are named without their path and cannot be told, and can still be sites.
     #[cfg(feature = "line-profile")]
     #[must_use]
     pub fn skip_crate(mut self, name: impl Into<String>) -> Self {

@@ -27,7 +27,9 @@ pub struct StackFrame {
     /// The line of the call; 0 when unknown.
     pub line: u32,
     /// The function making the call, its Rust path without the symbol hash
-    /// (`my_crate::module::function`, `<my_crate::Type>::method`, `...::{{closure}}`).
+    /// (`my_crate::module::function`, `<my_crate::Type>::method`, `...::{{closure}}`), or, where
+    /// the debug info names it without its path (`debug = "line-tables-only"`), its name alone
+    /// (`function`, `method`, `{closure#0}`).
     pub function: String,
 }
 
