@@ -90,21 +90,32 @@ pub(crate) fn is_user_frame(function: &str, file: Option<&Path>, skipped: &[Stri
 /// Two directories are known exactly, wherever their packages are: this crate's own, and
 /// gpumem-core's ([`gpumem_core::SOURCE_DIR`]), whose pool calls every hook and so is on every
 /// stack walked. The crates of [`REPOSITORY_CRATES`] are not dependencies of this one, so their
-/// directories can only be inferred: from gpumem's repository (gpumem as a path or git
-/// dependency, or gpumem's own workspace) they are where the repository puts them beside this
-/// crate, and from a registry their `<package>-<version>` directories name them (they are in
-/// [`SKIPPED_CRATES`]). Elsewhere (`cargo vendor` without `--versioned-dirs`) their frames named
-/// without a path are taken for the user's.
+/// directories can only be inferred: built from gpumem's repository ([`repository`]) they are
+/// where the repository puts them, and from a registry their `<package>-<version>` directories
+/// name them (they are in [`SKIPPED_CRATES`]). Elsewhere (`cargo vendor` without
+/// `--versioned-dirs`) their frames named without a path are taken for the user's.
 fn is_gpumem_source(file: &Path) -> bool {
     static DIRECTORIES: LazyLock<Vec<PathBuf>> = LazyLock::new(|| {
         let hooks = Path::new(env!("CARGO_MANIFEST_DIR"));
         let mut directories = vec![hooks.join("src"), PathBuf::from(gpumem_core::SOURCE_DIR)];
-        if let Some(repository) = hooks.parent() {
+        if let Some(repository) = repository() {
             directories.extend(REPOSITORY_CRATES.iter().map(|(_, sources)| repository.join(sources)));
         }
         directories
     });
     DIRECTORIES.iter().any(|directory| file.starts_with(directory))
+}
+
+/// gpumem's repository, where this crate and gpumem-core were built from one (gpumem as a path
+/// or git dependency, or gpumem's own workspace): the directory holding both packages, as its
+/// `hooks` and `core`. Without both, the directory above this package is someone else's (a
+/// registry's, a vendor directory, a workspace this crate was copied into), whose `src` may well
+/// be the user's.
+fn repository() -> Option<&'static Path> {
+    let hooks = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let core = Path::new(gpumem_core::SOURCE_DIR).parent()?;
+    let repository = hooks.parent()?;
+    (hooks.file_name()? == "hooks" && core == repository.join("core")).then_some(repository)
 }
 
 /// The crate whose sources hold `file`, where its package directory is named
@@ -194,12 +205,20 @@ mod tests {
         is_user_frame(function, file.map(Path::new), skipped)
     }
 
-    /// gpumem's repository, where this crate is built from it.
-    fn repository() -> &'static Path {
-        Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("the package directory has a parent")
+    /// Whether this crate is built from gpumem's repository, told apart from [`repository`]'s
+    /// way: the directory above this package holds the facade's manifest.
+    fn in_repository() -> bool {
+        let above = Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("a package directory has a parent");
+        std::fs::read_to_string(above.join("Cargo.toml"))
+            .is_ok_and(|manifest| package_name(&manifest) == Some("gpumem"))
     }
 
-    /// A file of cargo's registry.
+    /// The package name a manifest declares first.
+    fn package_name(manifest: &str) -> Option<&str> {
+        manifest.lines().find_map(|l| l.strip_prefix("name = \"")).and_then(|l| l.strip_suffix('"'))
+    }
+
+    /// Cargo's directory for crates.io's crates.
     const REGISTRY: &str = "/home/u/.cargo/registry/src/index.crates.io-1949cf8c6b5b557f";
 
     #[test]
@@ -240,13 +259,16 @@ mod tests {
         assert!(user("cupy_test_print_report", Some(&at(hooks, "tests/line_profile.rs")), none));
         assert!(user("step", Some("/work/app/src/model.rs"), none));
         assert!(user("{closure#0}<my_app::Model>", Some("/work/app/src/model.rs"), none));
-        assert!(user("main", Some(&at(repository(), "examples/04-hooks-and-profiling.rs")), none));
-        // gpumem's: this crate, the pool, the facade, a backend; by directory, not by prefix.
+        // gpumem's: this crate and the pool.
         assert!(!user("malloc_preprocess", Some(&at(hooks, "src/line_profile.rs")), none));
-        assert!(!user("malloc<gpumem_core::host::Host>", Some(&at(core, "runtime/pools.rs")), none));
-        assert!(!user("alloc", Some(&at(repository(), "src/lib.rs")), none));
-        assert!(!user("callback_trampoline", Some(&at(repository(), "backend-cuda/src/stream.rs")), none));
-        assert!(user("f", Some(&at(repository(), "src-gen/lib.rs")), none));
+        assert!(!user("malloc<gpumem_core::host::Host>", Some(&at(core, "runtime/pools/mod.rs")), none));
+        // From gpumem's repository, the facade's and a backend's too; by directory, not by prefix.
+        if let Some(repository) = repository() {
+            assert!(!user("alloc", Some(&at(repository, "src/lib.rs")), none));
+            assert!(!user("callback_trampoline", Some(&at(repository, "backend-cuda/src/stream.rs")), none));
+            assert!(user("main", Some(&at(repository, "examples/04-hooks-and-profiling.rs")), none));
+            assert!(user("f", Some(&at(repository, "src-gen/lib.rs")), none));
+        }
         // The standard library's, foreign code, no file.
         assert!(!user(
             "{closure#0}<()>",
@@ -298,28 +320,25 @@ mod tests {
         }
     }
 
-    /// The places [`REPOSITORY_CRATES`] gives are those of gpumem's repository, which this crate is
-    /// in when its parent directory holds the workspace (not in a registry's copy of it), and
-    /// each of those crates is skipped by name too.
+    /// Built from gpumem's repository, [`repository`] finds it, and the places
+    /// [`REPOSITORY_CRATES`] gives there are those crates' packages; each of them is skipped by
+    /// name too, for their copies from a registry.
     #[test]
     fn repository_crates_are_where_the_repository_puts_them() {
-        let workspace = repository().join("Cargo.toml");
-        let Ok(manifest) = std::fs::read_to_string(&workspace) else {
-            eprintln!("{} is not gpumem's repository: nothing to check", repository().display());
+        for &(krate, _) in REPOSITORY_CRATES {
+            assert!(SKIPPED_CRATES.contains(&krate), "{krate}");
+        }
+        assert_eq!(repository().is_some(), in_repository());
+        let Some(repository) = repository() else {
+            eprintln!("not built from gpumem's repository: its layout is not checked");
             return;
         };
-        assert!(manifest.contains("[workspace]"), "{}", workspace.display());
         for &(krate, sources) in REPOSITORY_CRATES {
-            assert!(SKIPPED_CRATES.contains(&krate), "{krate}");
-            let package =
-                repository().join(sources).parent().expect("sources in a package").join("Cargo.toml");
+            let package = repository.join(sources).parent().expect("sources in a package").join("Cargo.toml");
             let manifest =
                 std::fs::read_to_string(&package).unwrap_or_else(|e| panic!("{}: {e}", package.display()));
-            let name = manifest
-                .lines()
-                .find_map(|l| l.strip_prefix("name = \""))
-                .and_then(|l| l.strip_suffix('"'))
-                .unwrap_or_else(|| panic!("no package name in {}", package.display()));
+            let name =
+                package_name(&manifest).unwrap_or_else(|| panic!("no package name in {}", package.display()));
             assert_eq!(name.replace('-', "_"), krate, "{}", package.display());
         }
     }

@@ -184,10 +184,10 @@ fn skipped_crates_are_not_reported() -> TestResult {
     drop(pool.malloc(1)?);
     let hook = hook.into_inner();
     assert!(report(&hook).starts_with("_root (512.00B, 512.00B)\n"));
-    // Every frame named with its path is this crate's, and skipped: with full or limited debug
-    // info, every frame. Line-tables-only debug info names some without: those are told by their
-    // file, and this one, not in a registry's `<package>-<version>` directory, names no crate, so
-    // they stay, as `skip_crate` documents.
+    // Every frame of this test is this crate's. Those named with their path (with full or
+    // limited debug info, all of them) are skipped. Line-tables-only debug info names some
+    // without it; those are told by their file, which names no crate (it is not in a registry's
+    // `<package>-<version>` directory), so they stay, as `skip_crate` documents.
     for entry in hook.entries() {
         let frame = &entry.frame;
         assert!(!frame.function.starts_with("line_profile::"), "{frame} is of a skipped crate");

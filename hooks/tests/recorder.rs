@@ -75,10 +75,10 @@ fn recorded_lines_extend_debug_print_lines_and_name_this_files_lines() {
     }
 
     // A crate skipped by name is not a call site: with this test's own crate skipped, no frame
-    // of the thread is the user's, and the lines have no `site`. That holds for every frame
-    // named with its path: with full or limited debug info, every frame. Line-tables-only debug
-    // info names some without: those are told by their file, and this one, not in a registry's
-    // `<package>-<version>` directory, names no crate, so they stay, as `skip_crate` documents.
+    // of the thread named with its path is the user's (with full or limited debug info, the
+    // lines have no `site`). Line-tables-only debug info names some frames without their path;
+    // those are told by their file, which names no crate (it is not in a registry's
+    // `<package>-<version>` directory), so they can still be sites, as `skip_crate` documents.
     let (_, recorded, _, _) = record(&pool, Recorder::new(Vec::new()).skip_crate("recorder"));
     assert_eq!(recorded.lines().count(), 2);
     for line in recorded.lines() {
