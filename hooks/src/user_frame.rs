@@ -328,6 +328,12 @@ mod tests {
         for &(krate, _) in REPOSITORY_CRATES {
             assert!(SKIPPED_CRATES.contains(&krate), "{krate}");
         }
+        if !Path::new(env!("CARGO_MANIFEST_DIR")).exists() {
+            // The test binary runs away from the sources it was built from (copied to another
+            // machine): there is no layout to read.
+            eprintln!("the sources this test was built from are not on this machine: not checked");
+            return;
+        }
         assert_eq!(repository().is_some(), in_repository());
         let Some(repository) = repository() else {
             eprintln!("not built from gpumem's repository: its layout is not checked");
