@@ -86,7 +86,7 @@ double threads_rate(int64_t threads, int64_t iters) {
 
 
 # The CPU of the single-thread anchors, the same as the benchmark's allocation rows (see
-# `bench_cpu` in benches/gpu.rs: this machine's CPUs run the same code at different speeds).
+# `bench_cpu` in benches/gpu/timing.rs: this machine's CPUs run the same code at different speeds).
 BENCH_CPU = int(os.environ.get("GPUMEM_BENCH_CPU", "3"))
 
 

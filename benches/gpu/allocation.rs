@@ -1,0 +1,142 @@
+//! The allocation rows: the cache hit against cuMemAllocAsync, cuMemAlloc, PyTorch's and CuPy's.
+
+use std::collections::HashMap;
+use std::hint::black_box;
+
+use gpumem::core::{MemoryOps, StreamOps};
+use gpumem::{DefaultBackend as B, SingleDeviceMemoryPool, Stream};
+
+use crate::report::Report;
+use crate::timing::{bench_cpu, dev, median, ns_per_iter, on_host, SIZES};
+
+pub(crate) fn allocation(report: &mut Report) {
+    eprintln!("allocate + free, cache hit (ns per pair), on CPU {}", bench_cpu());
+    let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
+    let stream = Stream::non_blocking().unwrap();
+    let _g = stream.enter().unwrap();
+    // gpumem's figures first, the three sizes interleaved round by round so that drifting clocks
+    // treat them alike: the median of 11 rounds of 200,000 pairs each.
+    let mut pooled: HashMap<usize, Vec<f64>> = HashMap::new();
+    let mut pointer: HashMap<usize, Vec<f64>> = HashMap::new();
+    for (_, size) in SIZES {
+        drop(pool.malloc_pooled(size).unwrap());
+    }
+    for _ in 0..11 {
+        for (_, size) in SIZES {
+            let t = ns_per_iter(1, 200_000, || drop(black_box(pool.malloc_pooled(black_box(size)).unwrap())));
+            pooled.entry(size).or_default().push(t);
+            let t = ns_per_iter(1, 200_000, || drop(black_box(pool.malloc(black_box(size)).unwrap())));
+            pointer.entry(size).or_default().push(t);
+        }
+    }
+    for (name, size) in SIZES {
+        let ours = median(pooled.get_mut(&size).unwrap());
+        let ptr_path = median(pointer.get_mut(&size).unwrap());
+        let h = stream.handle();
+        // SAFETY: `stream` outlives every use of its handle `h` in this block.
+        let async_anchor = if unsafe { B::malloc_async(dev(), size, h) }
+            .and_then(|p| {
+                // SAFETY: `p` was just allocated on `h` and nothing uses it.
+                unsafe { B::free_async(dev(), p, h) }
+            })
+            .is_ok()
+        {
+            let t = ns_per_iter(9, if on_host() { 200 } else { 20_000 }, || {
+                // The host backend frees when its stream thread reaches the free, which can lag
+                // behind; a GPU reuses the memory at once. Wait for the stream if it lags.
+                // SAFETY: `stream` is alive, so `h` is.
+                let p = unsafe { B::malloc_async(dev(), black_box(size), h) }.unwrap_or_else(|_| {
+                    // SAFETY: as above.
+                    unsafe { B::stream_synchronize(dev(), h).unwrap() };
+                    // SAFETY: as above.
+                    unsafe { B::malloc_async(dev(), size, h).unwrap() }
+                });
+                // SAFETY: `p` was just allocated on `h` and nothing uses it.
+                unsafe { B::free_async(dev(), p, h).unwrap() };
+            });
+            stream.synchronize().unwrap();
+            Some(t)
+        } else {
+            None
+        };
+        let raw = ns_per_iter(5, 200, || {
+            let p = B::malloc(dev(), black_box(size)).unwrap();
+            // SAFETY: `p` was just allocated and nothing uses it.
+            unsafe { B::free(dev(), p).unwrap() };
+        });
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "cuMemAllocAsync + cuMemFreeAsync",
+            async_anchor,
+            "ns",
+            true,
+        );
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "cuMemAlloc + cuMemFree",
+            Some(raw),
+            "ns",
+            true,
+        );
+        let key = format!("torch_cpp_ns_{size}");
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "PyTorch caching allocator (C++)",
+            report.external(&key),
+            "ns",
+            true,
+        );
+        let key = format!("cupy_ns_{size}");
+        report.add(
+            "allocation",
+            format!("pool cache hit, {name}"),
+            ours,
+            "CuPy MemoryPool (Python)",
+            report.external(&key),
+            "ns",
+            true,
+        );
+        report.add(
+            "allocation",
+            format!("MemoryPointer cache hit, {name}"),
+            ptr_path,
+            "PyTorch caching allocator (C++)",
+            report.external(&format!("torch_cpp_ns_{size}")),
+            "ns",
+            true,
+        );
+        // The targets as rows: the pointer path within 1.3x of the pool's own (the advantage
+        // column reads 1.00x or more when met), and the pool 15x ahead of each anchor.
+        report.add(
+            "allocation",
+            format!("MemoryPointer over the pool's own path, {name}"),
+            ptr_path / ours,
+            "target",
+            Some(1.3),
+            "x",
+            true,
+        );
+        let torch = report.external(&format!("torch_cpp_ns_{size}"));
+        for (anchor, figure) in
+            [("cuMemAllocAsync + cuMemFreeAsync", async_anchor), ("PyTorch caching allocator (C++)", torch)]
+        {
+            // Without the anchor in this run there is no ratio to show.
+            let Some(figure) = figure else { continue };
+            report.add(
+                "allocation",
+                format!("pool cache hit over {anchor}, {name}"),
+                figure / ours,
+                "target",
+                Some(15.0),
+                "x",
+                false,
+            );
+        }
+    }
+}
