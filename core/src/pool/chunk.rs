@@ -82,7 +82,7 @@ impl<R: RawAllocator> PooledMemory<R> {
         }
     }
 
-    /// The [`Pool::uid`] of the pool that lent the chunk (`None` for a zero-size allocation).
+    /// The [`Pool::uid`](super::Pool::uid) of the pool that lent the chunk (`None` for a zero-size allocation).
     #[must_use]
     pub fn pool_uid(&self) -> Option<usize> {
         self.arena.as_ref().map(|arena| Arc::as_ptr(&arena.get().shared).addr())
