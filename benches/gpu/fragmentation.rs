@@ -1,104 +1,20 @@
 //! Fragmentation: every policy replaying the traces with its raw calls counted, beside PyTorch's
 //! and CuPy's figures.
 
+use gpumem::core::pool::counting::Counting;
 use gpumem::core::pool::expandable::{self, ExpandableAllocator};
 use gpumem::core::pool::trace;
-use gpumem::core::{ArenaKey, RawBlock};
+use gpumem::core::ArenaKey;
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Instant;
 
-use gpumem::{DefaultBackend as B, DeviceAllocator, DeviceId, GrowthPolicy, RawAllocator};
+use gpumem::{DefaultBackend as B, DeviceAllocator, GrowthPolicy, RawAllocator};
 
 use crate::report::Report;
 use crate::timing::{dev, median};
-
-/// A raw allocator that counts the calls it forwards to `inner`, the bytes it holds and their
-/// peak. With an expandable `inner`, each growth counts as a raw allocation and each shrink as a
-/// raw free (as PyTorch counts its expandable segments' maps and unmaps).
-pub(crate) struct Counting<A: RawAllocator> {
-    inner: A,
-    held: Arc<AtomicUsize>,
-    peak: AtomicUsize,
-    allocs: AtomicUsize,
-    frees: Arc<AtomicUsize>,
-}
-
-impl<A: RawAllocator> Counting<A> {
-    fn new(inner: A) -> Self {
-        Counting {
-            inner,
-            held: Arc::new(AtomicUsize::new(0)),
-            peak: AtomicUsize::new(0),
-            allocs: AtomicUsize::new(0),
-            frees: Arc::new(AtomicUsize::new(0)),
-        }
-    }
-
-    fn add(&self, bytes: usize) {
-        let now = self.held.fetch_add(bytes, Ordering::Relaxed) + bytes;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        self.allocs.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-pub(crate) struct Counted<K: RawBlock> {
-    block: K,
-    held: Arc<AtomicUsize>,
-    frees: Arc<AtomicUsize>,
-}
-
-impl<K: RawBlock> Drop for Counted<K> {
-    fn drop(&mut self) {
-        self.held.fetch_sub(self.block.size(), Ordering::Relaxed);
-        self.frees.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl<K: RawBlock> RawBlock for Counted<K> {
-    fn address(&self) -> usize {
-        self.block.address()
-    }
-    fn size(&self) -> usize {
-        self.block.size()
-    }
-    fn device(&self) -> DeviceId {
-        self.block.device()
-    }
-}
-
-impl<A: RawAllocator> RawAllocator for Counting<A> {
-    type Block = Counted<A::Block>;
-
-    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Self::Block> {
-        let block = self.inner.allocate(device, size)?;
-        self.add(block.size());
-        Ok(Counted { block, held: Arc::clone(&self.held), frees: Arc::clone(&self.frees) })
-    }
-    fn expandable(&self) -> bool {
-        self.inner.expandable()
-    }
-    fn granule(&self) -> usize {
-        self.inner.granule()
-    }
-    fn grow(&self, block: &mut Self::Block, extra: usize) -> gpumem::Result<bool> {
-        let grown = self.inner.grow(&mut block.block, extra)?;
-        if grown {
-            self.add(extra);
-        }
-        Ok(grown)
-    }
-    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> gpumem::Result<usize> {
-        let shrunk = self.inner.shrink(&mut block.block, bytes)?;
-        if shrunk > 0 {
-            self.held.fetch_sub(shrunk, Ordering::Relaxed);
-            self.frees.fetch_add(1, Ordering::Relaxed);
-        }
-        Ok(shrunk)
-    }
-}
 
 /// What one replay of a trace through a fresh pool measured.
 #[derive(Clone)]
@@ -136,15 +52,16 @@ pub(crate) enum Raw {
 /// with `policy`, timed from the first step to a device synchronisation after the last (the pool
 /// is made before and dropped after the clock). Raw frees are those made during the replay.
 pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) -> Replayed {
-    fn run<A: RawAllocator>(
+    fn run<A: RawAllocator + Clone>(
         steps: &[trace::Step],
         marks: &[usize],
         policy: GrowthPolicy,
-        counting: Arc<Counting<A>>,
+        counting: Counting<A>,
         share: bool,
     ) -> Replayed {
         let expandable = counting.expandable();
-        let pool = gpumem::core::pool::Pool::new(dev(), Arc::clone(&counting));
+        let counts = Arc::clone(counting.counts());
+        let pool = gpumem::core::pool::Pool::new(dev(), counting);
         pool.set_growth_policy(policy);
         if expandable {
             pool.set_expandable_segments(true).unwrap();
@@ -169,7 +86,7 @@ pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) 
             (0..64).map(ArenaKey::stream).collect()
         };
         let mut live = HashMap::with_capacity(steps.len());
-        let calls = || counting.allocs.load(Ordering::Relaxed) + counting.frees.load(Ordering::Relaxed);
+        let calls = || counts.allocs.load(Ordering::Relaxed) + counts.frees.load(Ordering::Relaxed);
         let mut per_step = trace::CountsBetweenMarks::new(marks);
         let t = Instant::now();
         for (i, step) in steps.iter().enumerate() {
@@ -185,9 +102,8 @@ pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) 
         gpumem::Device::current().synchronize().unwrap();
         let ms = t.elapsed().as_secs_f64() * 1e3;
         let in_steps = per_step.finish(calls());
-        let (allocs, frees) =
-            (counting.allocs.load(Ordering::Relaxed), counting.frees.load(Ordering::Relaxed));
-        let ratio = counting.peak.load(Ordering::Relaxed) as f64 / trace::peak_in_use(steps) as f64;
+        let (allocs, frees, _, peak) = counts.snapshot();
+        let ratio = peak as f64 / trace::peak_in_use(steps) as f64;
         let across = pool.stats().all.lent_across_streams;
         drop(pool);
         drop(streams);
@@ -195,14 +111,14 @@ pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) 
     }
     let Setup { policy, raw, share } = setup;
     match raw {
-        Raw::Plain => run(steps, marks, policy, Arc::new(Counting::new(DeviceAllocator::new())), share),
+        Raw::Plain => run(steps, marks, policy, Counting::new(DeviceAllocator::new()), share),
         Raw::Expandable => {
             // A quarter of the device per block at most: the host backend's reserved ranges are
             // host address space, which the operating system may refuse in one piece.
             let total = gpumem::Device::current().properties().unwrap().total_memory;
             let inner =
                 ExpandableAllocator::<B>::new(dev(), expandable::DEFAULT_RESERVE.min(total / 4)).unwrap();
-            run(steps, marks, policy, Arc::new(Counting::new(inner)), share)
+            run(steps, marks, policy, Counting::new(Arc::new(inner)), share)
         }
     }
 }

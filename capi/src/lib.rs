@@ -318,7 +318,7 @@ pub unsafe extern "C" fn gpumem_get_stats(device: c_int, stats: *mut GpumemStats
         let pool = pool::device_pool(device)?;
         let counts = registry().counts();
         let (n_failed_mallocs, n_failed_frees, n_failed_other) = FAILED.get();
-        let (n_raw_allocs, n_raw_frees, _, peak_held_bytes) = pool::RAW.get();
+        let (n_raw_allocs, n_raw_frees, _, peak_held_bytes) = pool::raw_counts().snapshot();
         let used_bytes = pool.used_bytes();
         let total_bytes = pool.total_bytes();
         let value = GpumemStats {
@@ -335,8 +335,8 @@ pub unsafe extern "C" fn gpumem_get_stats(device: c_int, stats: *mut GpumemStats
             n_failed_mallocs,
             n_failed_frees,
             n_failed_other,
-            n_raw_allocs,
-            n_raw_frees,
+            n_raw_allocs: n_raw_allocs as u64,
+            n_raw_frees: n_raw_frees as u64,
         };
         // SAFETY: the caller gives a null or writable pointer; null is refused.
         let Some(out) = (unsafe { stats.as_mut() }) else {

@@ -5,13 +5,10 @@
 //! points in `lib.rs` only convert C arguments and report failures.
 
 use std::cell::RefCell;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock};
 
-use gpumem::{
-    BaseMemory, DefaultBackend, Device, DeviceGuard, DeviceId, DevicePtr, ExternalStream, RawAllocator,
-    RawBlock, Stream, StreamGuard,
-};
+use gpumem::core::pool::counting::{Counting, Counts};
+use gpumem::{DefaultBackend, Device, DeviceGuard, DeviceId, DevicePtr, ExternalStream, Stream, StreamGuard};
 
 use crate::ffi::{fail, Failure};
 use crate::registry::{registry, Entry, FreeRequest, StreamId};
@@ -21,7 +18,12 @@ use crate::registry::{registry, Entry, FreeRequest, StreamId};
 /// `GPUMEM_EXPANDABLE_SEGMENTS`.
 pub(crate) fn pool() -> &'static AbiPool {
     static POOL: OnceLock<AbiPool> = OnceLock::new();
-    POOL.get_or_init(|| AbiPool::with_allocator(CountingAllocator::default()))
+    POOL.get_or_init(|| {
+        AbiPool::with_allocator(Counting::with_counts(
+            gpumem::DeviceAllocator::default(),
+            Arc::clone(raw_counts()),
+        ))
+    })
 }
 
 /// The ABI's pool type: gpumem's multi-device pool on the counting allocator.
@@ -39,126 +41,17 @@ pub(crate) fn device_pool(device: DeviceId) -> Result<&'static AbiDevicePool, Fa
     Ok(pool().device_pool(device)?)
 }
 
-/// Driver-call counts of the ABI's pool (all devices).
-pub(crate) struct RawCounts {
-    allocs: AtomicU64,
-    frees: AtomicU64,
-    held: AtomicUsize,
-    peak_held: AtomicUsize,
-}
-
-pub(crate) static RAW: RawCounts = RawCounts {
-    allocs: AtomicU64::new(0),
-    frees: AtomicU64::new(0),
-    held: AtomicUsize::new(0),
-    peak_held: AtomicUsize::new(0),
-};
-
-impl RawCounts {
-    /// `(raw allocations, raw frees, bytes held now, most bytes held at once)`.
-    pub(crate) fn get(&self) -> (u64, u64, usize, usize) {
-        (
-            self.allocs.load(Ordering::Relaxed),
-            self.frees.load(Ordering::Relaxed),
-            self.held.load(Ordering::Relaxed),
-            self.peak_held.load(Ordering::Relaxed),
-        )
-    }
+/// Driver-call counts of the ABI's pool (all devices): the counters its allocator shares.
+pub(crate) fn raw_counts() -> &'static Arc<Counts> {
+    static RAW: OnceLock<Arc<Counts>> = OnceLock::new();
+    RAW.get_or_init(Arc::default)
 }
 
 /// The runtime's device allocator (fixed blocks, or growing ones with
-/// `GPUMEM_EXPANDABLE_SEGMENTS`), counting each raw allocation and free, a growth as an
-/// allocation and a shrink as a free (as PyTorch counts its expandable segments' maps and
-/// unmaps). Raw calls are the pool's cold path, so shared atomics cost nothing that matters.
-#[derive(Clone, Debug, Default)]
-pub(crate) struct CountingAllocator(gpumem::DeviceAllocator);
-
-impl CountingAllocator {
-    fn count_alloc(size: usize) {
-        RAW.allocs.fetch_add(1, Ordering::Relaxed);
-        let held = RAW.held.fetch_add(size, Ordering::Relaxed) + size;
-        RAW.peak_held.fetch_max(held, Ordering::Relaxed);
-    }
-}
-
-impl RawAllocator for CountingAllocator {
-    type Block = Counted;
-
-    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Counted> {
-        let block = self.0.allocate(device, size)?;
-        Self::count_alloc(RawBlock::size(&block));
-        Ok(Counted(block))
-    }
-
-    fn expandable(&self) -> bool {
-        self.0.expandable()
-    }
-
-    fn granule(&self) -> usize {
-        self.0.granule()
-    }
-
-    fn grow(&self, block: &mut Counted, extra: usize) -> gpumem::Result<bool> {
-        let grown = self.0.grow(&mut block.0, extra)?;
-        if grown {
-            Self::count_alloc(extra);
-        }
-        Ok(grown)
-    }
-
-    fn shrink(&self, block: &mut Counted, bytes: usize) -> gpumem::Result<usize> {
-        let cut = self.0.shrink(&mut block.0, bytes)?;
-        if cut > 0 {
-            RAW.frees.fetch_add(1, Ordering::Relaxed);
-            RAW.held.fetch_sub(cut, Ordering::Relaxed);
-        }
-        Ok(cut)
-    }
-
-    fn for_device(&self, device: DeviceId) -> gpumem::Result<Self> {
-        Ok(CountingAllocator(self.0.for_device(device)?))
-    }
-}
-
-/// A raw block that counts its free.
-#[derive(Debug)]
-pub(crate) struct Counted(gpumem::core::DeviceBlock<DefaultBackend>);
-
-impl RawBlock for Counted {
-    fn address(&self) -> DevicePtr {
-        self.0.address()
-    }
-    fn size(&self) -> usize {
-        RawBlock::size(&self.0)
-    }
-    fn device(&self) -> DeviceId {
-        self.0.device()
-    }
-}
-
-impl Drop for Counted {
-    fn drop(&mut self) {
-        RAW.frees.fetch_add(1, Ordering::Relaxed);
-        RAW.held.fetch_sub(RawBlock::size(&self.0), Ordering::Relaxed);
-    }
-}
-
-// SAFETY: every value is the wrapped block's, which is device memory of the backend on its
-// device for its whole size until it is dropped, with this wrapper (`DeviceBlock`'s promise).
-unsafe impl BaseMemory<DefaultBackend> for Counted {
-    fn ptr(&self) -> DevicePtr {
-        self.0.ptr()
-    }
-    fn size(&self) -> usize {
-        BaseMemory::<DefaultBackend>::size(&self.0)
-    }
-    fn device_id(&self) -> DeviceId {
-        self.0.device_id()
-    }
-    fn identity(&self) -> &'static str {
-        self.0.identity()
-    }
-}
+/// `GPUMEM_EXPANDABLE_SEGMENTS`), counting each raw allocation and free into [`raw_counts`], a
+/// growth as an allocation and a shrink as a free (as PyTorch counts its expandable segments'
+/// maps and unmaps).
+pub(crate) type CountingAllocator = Counting<gpumem::DeviceAllocator>;
 
 thread_local! {
     /// The last foreign stream this thread allocated or freed on: wrapping a raw handle makes a

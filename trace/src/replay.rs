@@ -4,9 +4,10 @@
 //! its streams) is in this file.
 
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use gpumem::core::pool::counting::Counting;
 use gpumem::core::pool::trace as pool_trace;
 use gpumem::core::{SingleDeviceMemoryPool, Stream};
 use gpumem::host::Host;
@@ -209,7 +210,7 @@ fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) 
 /// # Errors
 ///
 /// [`Error::Pool`] if the pool or the backend fails.
-pub fn replay_on<B: Runtime, A: RawAllocator>(
+pub fn replay_on<B: Runtime, A: RawAllocator + Clone>(
     steps: &[Step],
     policy: GrowthPolicy,
     device: DeviceId,
@@ -219,8 +220,8 @@ pub fn replay_on<B: Runtime, A: RawAllocator>(
 where
     A::Block: BaseMemory<B>,
 {
-    let counter = Arc::new(Counter::default());
-    let counting = Counting { inner, counter: Arc::clone(&counter) };
+    let counting = Counting::new(inner);
+    let counter = Arc::clone(counting.counts());
     let pool = SingleDeviceMemoryPool::<B, _>::with_allocator(device, counting)?;
     pool.set_growth_policy(policy);
     let n_streams = steps
@@ -244,7 +245,7 @@ where
         }
     }
     progress(steps.len());
-    let raw_frees = counter.frees.load(Ordering::Relaxed);
+    let raw_frees = counter.frees.load(Ordering::Relaxed) as u64;
     drop(live);
     let lent_across_streams = pool.stats().all.lent_across_streams;
     drop(pool);
@@ -255,7 +256,7 @@ where
         peak_held,
         peak_in_use,
         ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
-        raw_allocs: counter.allocs.load(Ordering::Relaxed),
+        raw_allocs: counter.allocs.load(Ordering::Relaxed) as u64,
         raw_frees,
         lent_across_streams,
     })
@@ -336,78 +337,6 @@ impl RawAllocator for UntouchedHostMemory {
         let ptr = unsafe { std::alloc::alloc(layout) };
         let ptr = std::ptr::NonNull::new(ptr).ok_or_else(oom)?;
         Ok(HostBlock { ptr, layout, device })
-    }
-}
-
-/// What the counting allocator has seen.
-#[derive(Debug, Default)]
-struct Counter {
-    held: AtomicUsize,
-    peak: AtomicUsize,
-    allocs: AtomicU64,
-    frees: AtomicU64,
-}
-
-/// A raw allocator that forwards to another and counts its calls, the bytes held and their
-/// peak.
-struct Counting<A> {
-    inner: A,
-    counter: Arc<Counter>,
-}
-
-/// A block from [`Counting`]: the inner block, and the counter to tell when it is freed.
-#[derive(Debug)]
-struct Counted<K> {
-    mem: K,
-    counter: Arc<Counter>,
-    size_counted: usize,
-}
-
-// SAFETY: every method forwards to `mem`, a memory object of `B` that this value owns and never
-// changes, so its promise (the range is device memory of `B` for as long as it lives) is this
-// value's.
-unsafe impl<B: Runtime, K: BaseMemory<B>> BaseMemory<B> for Counted<K> {
-    fn ptr(&self) -> usize {
-        self.mem.ptr()
-    }
-    fn size(&self) -> usize {
-        self.mem.size()
-    }
-    fn device_id(&self) -> DeviceId {
-        self.mem.device_id()
-    }
-}
-
-impl<K: RawBlock> RawBlock for Counted<K> {
-    fn address(&self) -> usize {
-        self.mem.address()
-    }
-    fn size(&self) -> usize {
-        self.mem.size()
-    }
-    fn device(&self) -> DeviceId {
-        self.mem.device()
-    }
-}
-
-impl<K> Drop for Counted<K> {
-    fn drop(&mut self) {
-        // `Counted` is only made by `Counting::allocate`, which records the size it counted.
-        self.counter.held.fetch_sub(self.size_counted, Ordering::Relaxed);
-        self.counter.frees.fetch_add(1, Ordering::Relaxed);
-    }
-}
-
-impl<A: RawAllocator> RawAllocator for Counting<A> {
-    type Block = Counted<A::Block>;
-
-    fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<Self::Block> {
-        let mem = self.inner.allocate(device, size)?;
-        let size = mem.size();
-        let now = self.counter.held.fetch_add(size, Ordering::Relaxed) + size;
-        self.counter.peak.fetch_max(now, Ordering::Relaxed);
-        self.counter.allocs.fetch_add(1, Ordering::Relaxed);
-        Ok(Counted { mem, counter: Arc::clone(&self.counter), size_counted: size })
     }
 }
 

@@ -35,6 +35,7 @@
 
 mod arena;
 mod chunk;
+pub mod counting;
 #[allow(unsafe_code)] // the virtual-memory calls on the blocks it owns; see the module
 pub mod expandable;
 mod index;

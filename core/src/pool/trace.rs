@@ -13,6 +13,8 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
+use super::counting::Counting;
+pub use super::counting::Counts;
 use super::{ArenaCache, ArenaKey, GrowthPolicy, Pool, RawAllocator, RawBlock};
 use crate::error::Result;
 use crate::hal::types::{DeviceId, DevicePtr};
@@ -323,55 +325,25 @@ impl ReplayStats {
     }
 }
 
-/// Counts what a raw allocator is asked for and what it holds; hands out address ranges that
-/// never overlap (host memory is not touched: the blocks are numbers).
-/// With [`CountingAllocator::expandable`], blocks grow and shrink in place, in granules, each
-/// growth counted as a raw allocation and each shrink as a raw free (PyTorch counts its
-/// expandable segments' maps and unmaps so).
-#[derive(Clone, Default)]
-pub struct CountingAllocator {
-    counts: Arc<Counts>,
+/// A raw allocator of address ranges that never overlap, with no memory behind them (host
+/// memory is not touched: the blocks are numbers), for replays whose figures depend only on the
+/// pool's rules. With [`AddressRanges::expandable`], blocks grow and shrink in place, in granules.
+/// Clones hand out from the same ranges.
+#[derive(Clone, Debug, Default)]
+pub struct AddressRanges {
+    next: Arc<AtomicUsize>,
     granule: Option<usize>,
 }
 
-/// The counters of a [`CountingAllocator`].
-#[derive(Debug, Default)]
-pub struct Counts {
-    next: AtomicUsize,
-    /// Bytes held now.
-    pub held: AtomicUsize,
-    /// The most bytes held at once.
-    pub peak: AtomicUsize,
-    /// Raw allocations so far.
-    pub allocs: AtomicUsize,
-    /// Raw frees so far.
-    pub frees: AtomicUsize,
-}
-
-impl CountingAllocator {
-    /// A counting allocator whose blocks grow and shrink in steps of `granule` bytes.
-    #[must_use]
-    pub fn expandable(granule: usize) -> Self {
-        CountingAllocator { counts: Arc::default(), granule: Some(granule.max(1)) }
-    }
-
-    /// The counters.
-    #[must_use]
-    pub fn counts(&self) -> &Counts {
-        &self.counts
-    }
-}
-
-/// A block of a [`CountingAllocator`].
+/// A block of [`AddressRanges`].
 #[derive(Debug)]
-pub struct CountedBlock {
+pub struct AddressRange {
     address: DevicePtr,
     size: usize,
     device: DeviceId,
-    counts: Arc<Counts>,
 }
 
-impl RawBlock for CountedBlock {
+impl RawBlock for AddressRange {
     fn address(&self) -> DevicePtr {
         self.address
     }
@@ -383,26 +355,15 @@ impl RawBlock for CountedBlock {
     }
 }
 
-impl Drop for CountedBlock {
-    fn drop(&mut self) {
-        self.counts.held.fetch_sub(self.size, Ordering::Relaxed);
-        self.counts.frees.fetch_add(1, Ordering::Relaxed);
-    }
-}
+impl RawAllocator for AddressRanges {
+    type Block = AddressRange;
 
-impl RawAllocator for CountingAllocator {
-    type Block = CountedBlock;
-
-    fn allocate(&self, device: DeviceId, size: usize) -> Result<CountedBlock> {
-        let c = &self.counts;
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<AddressRange> {
         // A gap between blocks, so that no two blocks look contiguous; growable blocks get a
         // range of 1 TiB each to grow into.
         let span = if self.granule.is_some() { 1 << 40 } else { size.next_multiple_of(4096) + 4096 };
-        let address = (1 << 40) + c.next.fetch_add(span, Ordering::Relaxed);
-        let now = c.held.fetch_add(size, Ordering::Relaxed) + size;
-        c.peak.fetch_max(now, Ordering::Relaxed);
-        c.allocs.fetch_add(1, Ordering::Relaxed);
-        Ok(CountedBlock { address, size, device, counts: Arc::clone(c) })
+        let address = (1 << 40) + self.next.fetch_add(span, Ordering::Relaxed);
+        Ok(AddressRange { address, size, device })
     }
 
     fn expandable(&self) -> bool {
@@ -413,26 +374,33 @@ impl RawAllocator for CountingAllocator {
         self.granule.unwrap_or(1)
     }
 
-    fn grow(&self, block: &mut CountedBlock, extra: usize) -> Result<bool> {
+    fn grow(&self, block: &mut AddressRange, extra: usize) -> Result<bool> {
         if self.granule.is_none() {
             return Ok(false);
         }
-        let c = &self.counts;
         block.size += extra;
-        let now = c.held.fetch_add(extra, Ordering::Relaxed) + extra;
-        c.peak.fetch_max(now, Ordering::Relaxed);
-        c.allocs.fetch_add(1, Ordering::Relaxed);
         Ok(true)
     }
 
-    fn shrink(&self, block: &mut CountedBlock, bytes: usize) -> Result<usize> {
+    fn shrink(&self, block: &mut AddressRange, bytes: usize) -> Result<usize> {
         if self.granule.is_none() || bytes >= block.size {
             return Ok(0);
         }
         block.size -= bytes;
-        self.counts.held.fetch_sub(bytes, Ordering::Relaxed);
-        self.counts.frees.fetch_add(1, Ordering::Relaxed);
         Ok(bytes)
+    }
+}
+
+/// What the replays run on: [`AddressRanges`] with its calls counted. With
+/// [`CountingAllocator::expandable`] each growth counts as a raw allocation and each shrink as
+/// a raw free (PyTorch counts its expandable segments' maps and unmaps so).
+pub type CountingAllocator = Counting<AddressRanges>;
+
+impl Counting<AddressRanges> {
+    /// A counting allocator whose blocks grow and shrink in steps of `granule` bytes.
+    #[must_use]
+    pub fn expandable(granule: usize) -> Self {
+        Counting::new(AddressRanges { next: Arc::default(), granule: Some(granule.max(1)) })
     }
 }
 

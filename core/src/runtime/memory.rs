@@ -13,6 +13,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
+use crate::pool::counting::Counted;
 use crate::pool::{PooledMemory, RawAllocator, RawBlock};
 use crate::runtime::device::current_device;
 use crate::runtime::state::{record_drop_error, Runtime};
@@ -207,6 +208,24 @@ where
     }
     fn pool_uid(&self) -> Option<usize> {
         PooledMemory::pool_uid(self)
+    }
+}
+
+// SAFETY: every method forwards to the inner block, a memory object of `B` that the counted
+// block owns and changes only as the inner allocator would change it alone, so the inner block's
+// promise is this one's.
+unsafe impl<B: Runtime, K: RawBlock + BaseMemory<B>> BaseMemory<B> for Counted<K> {
+    fn ptr(&self) -> DevicePtr {
+        self.block().ptr()
+    }
+    fn size(&self) -> usize {
+        BaseMemory::size(self.block())
+    }
+    fn device_id(&self) -> DeviceId {
+        self.block().device_id()
+    }
+    fn identity(&self) -> &'static str {
+        self.block().identity()
     }
 }
 
