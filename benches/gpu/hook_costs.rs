@@ -109,7 +109,7 @@ pub(crate) fn arena_lock(report: &mut Report) {
     report.add("arena lock", format!("cache hit, {lock} lock"), median(&mut hit), "", None, "ns", true);
     report.add(
         "arena lock",
-        format!("8 threads on the null stream (one arena), {lock} lock"),
+        format!("8 threads on the null stream, {lock} lock"),
         median(&mut shared),
         "",
         None,

@@ -21,7 +21,8 @@ pub(crate) enum Streams {
     /// thread made too (an allocation there): every arena's memory comes from one thread's heap,
     /// side by side, as when a program makes its streams up front.
     MadeUpFront,
-    /// Every thread on the null stream (one arena).
+    /// Every thread on the null stream (one arena, until threads that keep waiting for its lock
+    /// move to lanes of their own).
     Null,
 }
 
@@ -202,7 +203,7 @@ pub(crate) fn threads(report: &mut Report) {
         );
         report.add(
             "threads",
-            format!("{label}, all on the null stream (one arena)"),
+            format!("{label}, all on the null stream"),
             null,
             "own streams",
             Some(ours),

@@ -540,12 +540,14 @@ pub(crate) fn observe(event: Observed, arena: u64) {
     }
 }
 
-/// [`observe`] of the event `event` makes, made only when an observer is installed: the hooked
-/// paths otherwise build the event (a copy of the hooks' event) before the check, for nothing.
+/// [`observe`] of the event and arena `observation` makes, made only when an observer is
+/// installed: the hooked paths otherwise build the event (a copy of the hooks' event) and name
+/// the arena's stream before the check, for nothing.
 #[inline(always)]
-pub(crate) fn observe_with(event: impl FnOnce() -> Observed, arena: u64) {
+pub(crate) fn observe_with(observation: impl FnOnce() -> (Observed, u64)) {
     if observed() {
-        observe_all(event(), arena);
+        let (event, arena) = observation();
+        observe_all(event, arena);
     }
 }
 

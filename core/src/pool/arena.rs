@@ -106,6 +106,10 @@ pub(crate) struct Counters {
     /// tails included in the bytes).
     pub(crate) raw_allocs: u64,
     pub(crate) raw_frees: u64,
+    /// Blocks taken over from another arena of the same stream and handed over to one (the
+    /// null stream's lanes): held or no longer held with no raw call.
+    pub(crate) blocks_in: u64,
+    pub(crate) blocks_out: u64,
     pub(crate) reserved_in: u64,
     pub(crate) reserved_out: u64,
     /// Peaks since the arena was made or its peaks were reset.
@@ -189,13 +193,35 @@ impl Counters {
     fn on_reserve(&mut self, bytes: usize, new_block: bool) {
         self.reserved_in += bytes as u64;
         self.raw_allocs += u64::from(new_block);
-        self.peak_reserved = self.peak_reserved.max(self.reserved_in - self.reserved_out);
-        self.peak_segments = self.peak_segments.max(self.raw_allocs - self.raw_frees);
+        self.raise_reserve_peaks();
     }
 
     fn on_unreserve(&mut self, bytes: usize, whole_block: bool) {
         self.reserved_out += bytes as u64;
         self.raw_frees += u64::from(whole_block);
+    }
+
+    /// A block of `bytes` taken over from another arena of the stream.
+    fn on_adopt(&mut self, bytes: usize) {
+        self.reserved_in += bytes as u64;
+        self.blocks_in += 1;
+        self.raise_reserve_peaks();
+    }
+
+    /// A block of `bytes` handed over to another arena of the stream.
+    fn on_hand_over(&mut self, bytes: usize) {
+        self.reserved_out += bytes as u64;
+        self.blocks_out += 1;
+    }
+
+    fn raise_reserve_peaks(&mut self) {
+        self.peak_reserved = self.peak_reserved.max(self.reserved_in - self.reserved_out);
+        self.peak_segments = self.peak_segments.max(self.segments_held());
+    }
+
+    /// The raw blocks held now.
+    pub(crate) fn segments_held(&self) -> u64 {
+        self.raw_allocs + self.blocks_in - self.raw_frees - self.blocks_out
     }
 
     /// Adds `other`'s totals to these, and its peaks (so that a sum of peaks stays a bound of
@@ -210,6 +236,8 @@ impl Counters {
         self.misses += other.misses;
         self.raw_allocs += other.raw_allocs;
         self.raw_frees += other.raw_frees;
+        self.blocks_in += other.blocks_in;
+        self.blocks_out += other.blocks_out;
         self.reserved_in += other.reserved_in;
         self.reserved_out += other.reserved_out;
         self.peak_allocated += other.peak_allocated;
@@ -229,7 +257,7 @@ impl Counters {
         self.peak_active = used as u64;
         self.peak_active_allocations = lent as u64;
         self.peak_reserved = self.reserved_in - self.reserved_out;
-        self.peak_segments = self.raw_allocs - self.raw_frees;
+        self.peak_segments = self.segments_held();
         self.measure_rooms(used as u64, lent as u64);
     }
 }
@@ -472,6 +500,17 @@ impl<K: RawBlock> ArenaState<K> {
     /// Adds a new raw block, of which the pool asked for (and counts) `whole` bytes, and lends its
     /// first `size` bytes; the rest stays free.
     pub(crate) fn lend_new_block(&mut self, mem: K, whole: usize, size: usize, requested: usize) -> Lent {
+        self.lend_block(mem, whole, size, requested, true)
+    }
+
+    /// Adds a raw block of `whole` bytes taken over from another arena of the same stream
+    /// ([`ArenaState::hand_over`]; no raw allocation, so none is counted) and lends its first
+    /// `size` bytes; the rest stays free.
+    pub(crate) fn adopt_block(&mut self, mem: K, whole: usize, size: usize, requested: usize) -> Lent {
+        self.lend_block(mem, whole, size, requested, false)
+    }
+
+    fn lend_block(&mut self, mem: K, whole: usize, size: usize, requested: usize, raw: bool) -> Lent {
         let ptr = mem.address();
         debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
         let block = match self.vacant_blocks.pop() {
@@ -503,7 +542,11 @@ impl<K: RawBlock> ArenaState<K> {
         }
         self.used_bytes += size;
         self.n_lent += 1;
-        self.counters.on_reserve(whole, true);
+        if raw {
+            self.counters.on_reserve(whole, true);
+        } else {
+            self.counters.on_adopt(whole);
+        }
         self.counters.misses += 1;
         self.counters.on_lend(size, requested, self.used_bytes, self.n_lent);
         Lent { slot, ptr }
@@ -627,8 +670,17 @@ impl<K: RawBlock> ArenaState<K> {
     }
 
     fn release(&mut self, slot: u32) -> (K, usize) {
+        self.release_counted(slot, true)
+    }
+
+    /// [`ArenaState::release`], counting a raw free or (`raw` false, a block handed over) not.
+    fn release_counted(&mut self, slot: u32, raw: bool) -> (K, usize) {
         let chunk = self.chunks[slot as usize];
-        self.counters.on_unreserve(chunk.size, true);
+        if raw {
+            self.counters.on_unreserve(chunk.size, true);
+        } else {
+            self.counters.on_hand_over(chunk.size);
+        }
         self.vacate(slot);
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
         for g in &mut self.growable {
@@ -787,6 +839,33 @@ impl<K: RawBlock> ArenaState<K> {
             bytes += cut;
         }
         bytes
+    }
+
+    /// The smallest free chunk that is a whole raw block and that this arena's own request of
+    /// `size` bytes could be cut from (of its free index, within the policy's split bound), as
+    /// `(slot, size)`: what another arena of the same stream may take over on a miss.
+    pub(crate) fn whole_block_for(&self, size: usize) -> Option<(u32, usize)> {
+        let (class, max) = (policy::class(size, self.segmented) as u8, self.split_bound(size));
+        (0..self.chunks.len() as u32)
+            .filter_map(|slot| {
+                let c = &self.chunks[slot as usize];
+                let whole = c.state == State::Free && c.prev == NIL && c.next == NIL;
+                (whole && c.class == class && (size..=max).contains(&c.size)).then_some((slot, c.size))
+            })
+            .min_by_key(|&(slot, found)| (found, slot))
+    }
+
+    /// Gives up one free chunk that is a whole raw block, if it still is one, to another arena
+    /// of the same stream ([`ArenaState::adopt_block`]): its bytes leave this arena's reserve,
+    /// with no raw free counted.
+    pub(crate) fn hand_over(&mut self, slot: u32, size: usize) -> Option<K> {
+        let c = *self.chunks.get(slot as usize)?;
+        if c.state != State::Free || c.prev != NIL || c.next != NIL || c.size != size {
+            return None;
+        }
+        self.unmark_free(slot);
+        let (mem, _) = self.release_counted(slot, false);
+        Some(mem)
     }
 
     /// Releases one free chunk that is a whole raw block, if it still is one.

@@ -51,7 +51,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     /// For a chunk (the caller has its arena): the arena key of the stream it was lent to, when
     /// that is not its arena's stream.
     fn borrower(&self) -> Option<ArenaKey> {
-        (self.tag != 0).then(|| ArenaKey(self.tag.wrapping_sub(1)))
+        (self.tag != 0).then(|| ArenaKey::from_raw(self.tag.wrapping_sub(1)))
     }
 
     pub(super) fn empty(device: DeviceId) -> Self {
@@ -233,7 +233,7 @@ impl<R: RawAllocator> PooledMemory<R> {
             }
             Ok(())
         };
-        hooks::observe_with(|| Observed::Free(event), key.raw());
+        hooks::observe_with(|| (Observed::Free(event), key.stream_key().raw()));
         let post = hooks::fire(hooks::FREE_POSTPROCESS, |h| h.free_postprocess(&event));
         pre.and(post)
     }
@@ -290,7 +290,7 @@ pub(super) fn observe_raw_frees<R: RawAllocator>(device_id: DeviceId, key: Arena
     }
     for b in blocks {
         let event = AllocEvent { device_id, mem_size: b.size(), mem_ptr: b.address() };
-        hooks::observe(Observed::RawFree(event), key.raw());
+        hooks::observe(Observed::RawFree(event), key.stream_key().raw());
     }
 }
 

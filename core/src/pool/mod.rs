@@ -6,7 +6,9 @@
 //!   allocator for exactly the rounded size.
 //! - Free chunks are kept per *arena*, one per stream: the current stream when `malloc` runs (the
 //!   null stream's arena is shared by every thread using it; the per-thread default stream gives
-//!   each thread its own). A chunk goes back to the arena it came from, whatever stream is current
+//!   each thread its own). gpumem differs in one case: threads that allocate on the null stream
+//!   at the same time and keep waiting for its arena's lock move to *lanes* of the null stream,
+//!   arenas of their own that pass whole free blocks between them (module `lanes`). A chunk goes back to the arena it came from, whatever stream is current
 //!   when it is freed, so memory is only reused in the order of the stream it was allocated on.
 //!   gpumem can do more, off by default: [`Pool::set_share_across_streams`] lends a free chunk of
 //!   one arena to another stream's miss, with the two streams ordered (module `share`).
@@ -39,6 +41,8 @@ pub mod counting;
 #[allow(unsafe_code)] // the virtual-memory calls on the blocks it owns; see the module
 pub mod expandable;
 mod index;
+mod key;
+mod lanes;
 mod limit;
 pub mod pinned;
 mod policy;
@@ -64,6 +68,7 @@ use crate::hooks::{self, AllocEvent, MallocEvent, Observed};
 use arena::ArenaState;
 pub use chunk::PooledMemory;
 use chunk::{give_back, observe_raw_frees};
+pub use key::ArenaKey;
 pub use limit::{Limit, LIMIT_ENV};
 pub use raw::{RawAllocator, RawBlock};
 pub use share::{NoQueuedWork, StreamOrder};
@@ -135,47 +140,6 @@ pub enum GrowthPolicy {
     /// the sum of each stream's own peak, unless [`Pool::set_share_across_streams`] lends free
     /// memory across them.
     Segments,
-}
-
-/// Which arena a stream's allocations go to: the stream's raw handle, or a per-thread number for
-/// the per-thread default stream (whose raw value, 2, is the same on every thread).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
-#[cfg_attr(feature = "serde", serde(transparent))]
-pub struct ArenaKey(u64);
-
-impl ArenaKey {
-    /// The null stream's arena.
-    pub const NULL: ArenaKey = ArenaKey(0);
-    /// Not yet known (a thread's state before its first allocation); never an arena.
-    pub const UNSET: ArenaKey = ArenaKey(u64::MAX);
-    const PER_THREAD: u64 = 1 << 63;
-
-    /// The arena of the stream whose raw handle is `raw`.
-    #[must_use]
-    pub fn stream(raw: usize) -> ArenaKey {
-        ArenaKey(raw as u64 & !Self::PER_THREAD)
-    }
-
-    /// The arena of host thread number `thread`'s per-thread default stream (whose raw value is
-    /// the same on every thread).
-    #[must_use]
-    pub fn per_thread(thread: u64) -> ArenaKey {
-        ArenaKey(Self::PER_THREAD | thread)
-    }
-
-    /// The key as a number: a stream's raw handle, or the per-thread flag (the top bit) and a
-    /// thread's number.
-    #[must_use]
-    pub fn raw(self) -> u64 {
-        self.0
-    }
-
-    /// The thread's number, for the arena of a per-thread default stream.
-    #[must_use]
-    pub fn per_thread_number(self) -> Option<u64> {
-        (self != Self::UNSET && self.0 & Self::PER_THREAD != 0).then_some(self.0 & !Self::PER_THREAD)
-    }
 }
 
 struct Shared<R: RawAllocator> {
@@ -447,7 +411,12 @@ impl<R: RawAllocator> Pool<R> {
                 // otherwise makes this closure a call of its own (43 instructions per pair).
                 #[inline(always)]
                 |arena| {
-                    let mut st = arena.get().state.lock();
+                    let (mut st, contended) = arena.get().state.lock_noting_contention();
+                    if contended && cache.note_contention(st.counters.allocs) {
+                        // The thread keeps waiting for this lock: the miss path moves it to a
+                        // lane of its own (module `lanes`) and serves it there.
+                        return None;
+                    }
                     if st.retired {
                         return None;
                     }
@@ -507,7 +476,7 @@ impl<R: RawAllocator> Pool<R> {
         let hit = if mem_size == 0 { None } else { self.take_cached(size, mem_size, key, cache) };
         let Some(p) = hit else { return self.malloc_hooked_miss(pre, key, cache) };
         let post = MallocEvent { mem_ptr: p.ptr(), pmem_id: p.pmem_id(), ..pre };
-        hooks::observe_with(|| Observed::Malloc(post), key.raw());
+        hooks::observe_with(|| (Observed::Malloc(post), key.stream_key().raw()));
         // On a post-hook error the chunk is dropped here, so it goes back (firing the free hooks,
         // as in CuPy) and nothing leaks.
         hooks::fire(hooks::MALLOC_POSTPROCESS, |h| h.malloc_postprocess(&post))?;
@@ -533,7 +502,7 @@ impl<R: RawAllocator> Pool<R> {
             Ok(p) => MallocEvent { mem_ptr: p.ptr(), pmem_id: p.pmem_id(), ..pre },
             Err(_) => pre,
         };
-        hooks::observe_with(|| Observed::Malloc(post), key.raw());
+        hooks::observe_with(|| (Observed::Malloc(post), key.stream_key().raw()));
         hooks::fire(hooks::MALLOC_POSTPROCESS, |h| h.malloc_postprocess(&post))?;
         Ok(result?)
     }
@@ -547,6 +516,9 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
         hooked: bool,
     ) -> Result<PooledMemory<R>> {
+        if cache.wants_lane() {
+            self.move_to_lane(key, cache);
+        }
         // Chunks whose fences have completed, or that finished work no longer holds, may serve
         // this request.
         self.reclaim(false);
@@ -561,6 +533,13 @@ impl<R: RawAllocator> Pool<R> {
                 }
             }
         }
+        // The arena `key` names for this thread: a lane of the null stream, if the thread moved
+        // to one (module `lanes`).
+        let lane = arena.key;
+        drop(arena);
+        if let Some(p) = self.take_over_from_lanes(size, mem_size, lane, key, cache) {
+            return Ok(p);
+        }
         if let Some(p) = self.borrow(size, mem_size, key) {
             return Ok(p);
         }
@@ -569,6 +548,9 @@ impl<R: RawAllocator> Pool<R> {
         }
         match self.grow(size, mem_size, key, cache, hooked) {
             Err(e) if e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. }) => {
+                if let Some(p) = self.lend_from_lanes(size, mem_size, lane) {
+                    return Ok(p);
+                }
                 self.shared.n_oom.fetch_add(1, Ordering::Relaxed);
                 self.notify_oom(&e);
                 Err(e)
@@ -875,7 +857,7 @@ impl<R: RawAllocator> Pool<R> {
                 .and_then(|block| raw::check_block(&block, device_id, size).map(|()| block));
             if hooked {
                 let mem_ptr = result.as_ref().map_or(0, RawBlock::address);
-                hooks::observe(Observed::Alloc(AllocEvent { mem_ptr, ..pre }), key.raw());
+                hooks::observe(Observed::Alloc(AllocEvent { mem_ptr, ..pre }), key.stream_key().raw());
                 // On error the new block (if any) is dropped, i.e. freed: nothing leaks.
                 hooks::fire(hooks::ALLOC_POSTPROCESS, |h| {
                     h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre })
@@ -929,7 +911,12 @@ impl<R: RawAllocator> Pool<R> {
             let map = self.arenas.lock();
             match key {
                 None => map.iter().map(|(k, a)| (*k, Arc::clone(a))).collect(),
-                Some(k) => map.get(&k).map(|a| (k, Arc::clone(a))).into_iter().collect(),
+                // Every lane of the null stream, for the null stream.
+                Some(k) => map
+                    .iter()
+                    .filter(|(mk, _)| **mk == k || (k == k.stream_key() && mk.stream_key() == k))
+                    .map(|(mk, a)| (*mk, Arc::clone(a)))
+                    .collect(),
             }
         };
         let mut released = Vec::new();
@@ -1141,7 +1128,7 @@ impl<R: RawAllocator> Pool<R> {
         let mut segments = Vec::new();
         for a in &arenas {
             let raw = a.state.lock().segments();
-            segments.extend(PoolSnapshot::segments_of(a.key, raw));
+            segments.extend(PoolSnapshot::segments_of(a.key.stream_key(), raw));
         }
         segments.sort_unstable_by_key(|s| s.address);
         PoolSnapshot { device: self.shared.device, segments }

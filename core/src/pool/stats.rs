@@ -96,7 +96,14 @@ impl MemoryStats {
             reserved_bytes: Stat::new(c.reserved_in, c.reserved_out, c.peak_reserved),
             allocations: Stat::new(c.allocs, c.frees, c.peak_allocations),
             active_allocations: Stat::new(c.allocs, c.allocs - lent, c.peak_active_allocations),
-            segments: Stat::new(c.raw_allocs, c.raw_frees, c.peak_segments),
+            // Blocks moved between the null stream's lanes count in `current` (and cancel out in
+            // a pool's sum), not among the raw allocations and frees.
+            segments: Stat {
+                current: c.segments_held(),
+                peak: c.peak_segments.max(c.segments_held()),
+                allocated: c.raw_allocs,
+                freed: c.raw_frees,
+            },
             cache_hits: c.allocs - c.misses,
             cache_misses: c.misses,
             oom_errors: 0,
@@ -110,7 +117,8 @@ impl MemoryStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ArenaStats {
-    /// Which arena (stream).
+    /// Which arena: a stream's, or one lane of the null stream (whose
+    /// [`ArenaKey::stream_key`] is the null stream's).
     pub arena: ArenaKey,
     /// Its statistics since it was made (an arena left with no memory is dropped from the pool;
     /// its counts stay in the pool's).
@@ -164,7 +172,8 @@ pub struct BlockSnapshot {
 #[derive(Clone, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SegmentSnapshot {
-    /// The arena (stream) the block belongs to.
+    /// The stream whose arena the block belongs to ([`ArenaKey::stream_key`]: a block of any lane
+    /// of the null stream shows as the null stream's).
     pub arena: ArenaKey,
     /// The block's first address.
     pub address: DevicePtr,

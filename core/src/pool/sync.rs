@@ -18,7 +18,7 @@
 #![allow(unsafe_code)]
 
 use std::any::Any;
-use std::cell::{RefCell, UnsafeCell};
+use std::cell::{Cell, RefCell, UnsafeCell};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
@@ -73,6 +73,25 @@ impl<T> ArenaLock<T> {
             self.lock_contended();
         }
         ArenaGuard { lock: self }
+    }
+
+    /// [`ArenaLock::lock`], and whether the lock was held by another thread when this one came
+    /// (it had to wait): how a thread finds that it shares its arena with busy threads.
+    #[inline]
+    pub(crate) fn lock_noting_contention(&self) -> (ArenaGuard<'_, T>, bool) {
+        #[cfg(feature = "parking-lot-arena-lock")]
+        let contended = !self.raw.try_lock() && {
+            self.raw.lock();
+            true
+        };
+        #[cfg(not(feature = "parking-lot-arena-lock"))]
+        let contended =
+            self.locked.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err()
+                && {
+                    self.lock_contended();
+                    true
+                };
+        (ArenaGuard { lock: self }, contended)
     }
 
     #[cfg(not(feature = "parking-lot-arena-lock"))]
@@ -198,6 +217,10 @@ impl<T> ArenaRef<T> {
 /// sound.
 pub struct ArenaCache {
     entries: RefCell<Vec<CacheEntry>>,
+    /// Waits for an arena's lock seen by this thread's allocations in the current window, and
+    /// the arena's allocation count when the window began (see [`ArenaCache::note_contention`]).
+    contended: Cell<u32>,
+    window_start: Cell<u64>,
 }
 
 struct CacheEntry {
@@ -209,12 +232,50 @@ struct CacheEntry {
 
 const ARENA_CACHE_SIZE: usize = 8;
 
+/// The window, in an arena's allocations, over which a thread's waits for its lock are counted.
+pub(crate) const CONTENTION_WINDOW: u64 = 1024;
+
+/// Waits within one window after which a thread on the null stream moves to a lane of its own.
+/// One in sixteen of the arena's allocations: threads that allocate at the same time reach it in
+/// a few microseconds; a thread that takes turns with another (a training loop's forward and
+/// backward threads) does not.
+pub(crate) const LANE_AFTER_WAITS: u32 = 64;
+
 impl ArenaCache {
     /// An empty cache. A `const fn`, so a `thread_local!` holding one needs no lazy
     /// initialisation on the hot path.
     #[must_use]
     pub const fn new() -> Self {
-        ArenaCache { entries: RefCell::new(Vec::new()) }
+        ArenaCache { entries: RefCell::new(Vec::new()), contended: Cell::new(0), window_start: Cell::new(0) }
+    }
+
+    /// Counts a wait for the lock of an arena that has made `allocations` allocations in all.
+    /// The waits are counted in windows of [`CONTENTION_WINDOW`] of the arena's allocations (by
+    /// every thread): a thread that waits now and then, as two threads taking turns do, starts
+    /// a new window each time and never reaches [`LANE_AFTER_WAITS`].
+    /// Returns [`ArenaCache::wants_lane`].
+    #[cold]
+    pub(crate) fn note_contention(&self, allocations: u64) -> bool {
+        let (waits, start) = (self.contended.get(), self.window_start.get());
+        if waits == 0 || allocations.wrapping_sub(start) > CONTENTION_WINDOW {
+            self.window_start.set(allocations);
+            self.contended.set(1);
+        } else {
+            self.contended.set(waits + 1);
+        }
+        self.wants_lane()
+    }
+
+    /// Whether this thread waited for its arena's lock [`LANE_AFTER_WAITS`] times within one
+    /// window: it shares the arena with threads that allocate at the same time.
+    #[inline(always)]
+    pub(crate) fn wants_lane(&self) -> bool {
+        self.contended.get() >= LANE_AFTER_WAITS
+    }
+
+    /// Starts counting waits afresh (after the thread moved to an arena of its own).
+    pub(crate) fn reset_contention(&self) {
+        self.contended.set(0);
     }
 
     /// Applies `f` to pool `pool`'s arena `key` if the cache has it; `None` otherwise (and when

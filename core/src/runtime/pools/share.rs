@@ -58,6 +58,8 @@ fn event_on<B: Runtime>(device: DeviceId) -> crate::Result<Event<B>> {
 
 /// The stream behind arena `key`, when this order can name it (see the module docs).
 fn stream_of<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
+    // Every lane of the null stream is the null stream.
+    let key = key.stream_key();
     if key.per_thread_number().is_some() {
         return None;
     }
@@ -73,7 +75,7 @@ impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
     fn can_order(&self, owner: ArenaKey, borrower: ArenaKey) -> bool {
         // No event is recorded inside a host function, and none while gpumem captures (a record on
         // a capturing stream would become part of the graph).
-        owner != borrower
+        owner.stream_key() != borrower.stream_key()
             && !stream::callback::in_callback()
             && !stream::inflight::any_capture::<B>()
             && stream_of::<B>(owner).is_some()
