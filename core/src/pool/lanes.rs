@@ -32,6 +32,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
+use super::share::{best_fit_first, take_from};
 use super::{Arena, ArenaCache, ArenaKey, ArenaRef, Pool, PooledMemory, RawAllocator};
 
 /// The lane the next thread that moves takes: lanes 1 to `NULL_LANES - 1` in turn (lane 0 is
@@ -124,30 +125,8 @@ impl<R: RawAllocator> Pool<R> {
         mem_size: usize,
         key: ArenaKey,
     ) -> Option<PooledMemory<R>> {
-        let mut candidates: Vec<(usize, u32, Arc<Arena<R>>)> = self
-            .other_lanes(key)
-            .into_iter()
-            .filter_map(|a| {
-                let found = {
-                    let mut st = a.state.lock();
-                    if st.retired {
-                        return None;
-                    }
-                    st.best_fit_with_tail(mem_size)?
-                };
-                Some((found, a.uid, a))
-            })
-            .collect();
-        candidates.sort_unstable_by_key(|(found, uid, _)| (*found, *uid));
-        for (_, _, owner) in candidates {
-            let lent = {
-                let mut st = owner.state.lock();
-                if st.retired {
-                    continue;
-                }
-                st.take_with_tail(mem_size, size)
-            };
-            if let Some(lent) = lent {
+        for owner in best_fit_first(self.other_lanes(key).into_iter(), mem_size) {
+            if let Some(lent) = take_from(&owner, mem_size, size) {
                 return Some(PooledMemory::lent(&ArenaRef::new(&owner), lent, mem_size));
             }
         }
