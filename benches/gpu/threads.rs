@@ -5,6 +5,7 @@ use std::hint::black_box;
 use std::sync::{Arc, Barrier};
 use std::time::Instant;
 
+use gpumem::core::pool::ArenaKey;
 use gpumem::core::MemoryOps;
 use gpumem::{DefaultBackend as B, SingleDeviceMemoryPool, Stream};
 
@@ -147,6 +148,9 @@ pub(crate) fn threads(report: &mut Report) {
         let ours = median_rate(n, 2_000_000, Streams::Own, pooled.clone());
         let ptrs = median_rate(n, 2_000_000, Streams::Own, pointers.clone());
         let null = median_rate(n, 2_000_000, Streams::Null, pooled.clone());
+        // The null stream's arenas after its runs: threads that kept waiting for its lock moved to
+        // lanes of their own.
+        let null_arenas = pool.stats().arenas.iter().filter(|a| a.arena.stream_key() == ArenaKey::NULL).count();
         let own = median_rate(n, 2_000_000, Streams::Own, own_pools);
         let up_front = median_rate(n, 2_000_000, Streams::MadeUpFront, pooled.clone());
         let sys = median_rate(n, 2_000_000, Streams::Own, system);
@@ -203,7 +207,7 @@ pub(crate) fn threads(report: &mut Report) {
         );
         report.add(
             "threads",
-            format!("{label}, all on the null stream"),
+            format!("{label}, all on the null stream ({null_arenas} of its arenas so far)"),
             null,
             "own streams",
             Some(ours),
