@@ -314,6 +314,77 @@ mod tests {
         assert!(!cache.wants_lane(), "its waits are counted afresh");
     }
 
+    /// Threads that move between lanes while others free their chunks and take blocks over: no
+    /// two live chunks overlap, and every byte comes back.
+    #[test]
+    fn threads_moving_between_lanes_lend_disjoint_chunks_and_every_byte_comes_back() {
+        use std::collections::BTreeMap;
+        use std::sync::{mpsc, Arc, Mutex};
+        let (threads, rounds) = if cfg!(miri) { (3, 40) } else { (4, 4000) };
+        let pool = Arc::new(Pool::new(0, CountingAllocator::default()));
+        let live: Arc<Mutex<BTreeMap<usize, usize>>> = Arc::default();
+        let (tx, rx) = mpsc::channel::<crate::pool::PooledMemory<CountingAllocator>>();
+        let rx = Arc::new(Mutex::new(rx));
+        let handles: Vec<_> = (0..threads)
+            .map(|t| {
+                let (pool, live, tx, rx) =
+                    (Arc::clone(&pool), Arc::clone(&live), tx.clone(), Arc::clone(&rx));
+                std::thread::spawn(move || {
+                    let cache = ArenaCache::new();
+                    let mut held = Vec::new();
+                    for i in 0..rounds {
+                        if i % 50 == t * 7 {
+                            // This thread moves to another lane at its next miss.
+                            waits(&cache, u64::from(super::super::sync::LANE_AFTER_WAITS), 1);
+                        }
+                        let size = U * (1 + (i * 7 + t) % 8);
+                        let p = pool.malloc(size, ArenaKey::NULL, &cache).unwrap();
+                        {
+                            let mut live = live.lock().unwrap();
+                            let (start, end) = (p.ptr(), p.ptr() + p.size());
+                            if let Some((&s, &n)) = live.range(..end).next_back() {
+                                assert!(s + n <= start, "chunk {start:#x} overlaps {s:#x}+{n}");
+                            }
+                            live.insert(start, p.size());
+                        }
+                        held.push(p);
+                        if held.len() > 6 {
+                            let p = held.remove(i % held.len());
+                            live.lock().unwrap().remove(&p.ptr());
+                            // Half of them freed by another thread.
+                            if i % 2 == 0 {
+                                tx.send(p).unwrap();
+                            } else {
+                                drop(p);
+                            }
+                        }
+                        while let Ok(p) = rx.lock().unwrap().try_recv() {
+                            drop(p);
+                        }
+                    }
+                    for p in held {
+                        live.lock().unwrap().remove(&p.ptr());
+                        drop(p);
+                    }
+                })
+            })
+            .collect();
+        drop(tx);
+        for h in handles {
+            h.join().unwrap();
+        }
+        while let Ok(p) = rx.lock().unwrap().try_recv() {
+            drop(p);
+        }
+        assert!(live.lock().unwrap().is_empty());
+        assert_eq!(pool.used_bytes(), 0);
+        assert!(pool.stats().arenas.len() > 1, "the threads moved");
+        pool.free_all_blocks(None);
+        assert_eq!(pool.total_bytes(), 0, "every byte came back");
+        let (allocs, frees, held, _) = pool.allocator().counts().snapshot();
+        assert_eq!((allocs, held), (frees, 0));
+    }
+
     #[test]
     fn reports_name_the_null_stream_for_every_lane() {
         struct Arenas(std::sync::Mutex<Vec<u64>>);
