@@ -25,6 +25,8 @@ pub(crate) enum Streams {
     /// Every thread on the null stream (one arena, until threads that keep waiting for its lock
     /// move to lanes of their own).
     Null,
+    /// Every thread on one non-blocking stream made on the calling thread (as the null stream).
+    OneShared,
 }
 
 /// Aggregate operations per second (millions) of `threads` threads placed as `streams` says:
@@ -38,8 +40,12 @@ pub(crate) fn threads_rate(
 ) -> f64 {
     let run = Arc::new(run);
     let start = Arc::new(Barrier::new(threads + 1));
+    let shared = (streams == Streams::OneShared).then(|| Stream::non_blocking().unwrap());
     let made: Vec<Option<Stream>> = (0..threads)
         .map(|_| {
+            if let Some(s) = &shared {
+                return Some(s.clone());
+            }
             (streams == Streams::MadeUpFront).then(|| {
                 let s = Stream::non_blocking().unwrap();
                 let _g = s.enter().unwrap();
@@ -150,7 +156,9 @@ pub(crate) fn threads(report: &mut Report) {
         let null = median_rate(n, 2_000_000, Streams::Null, pooled.clone());
         // The null stream's arenas after its runs: threads that kept waiting for its lock moved to
         // lanes of their own.
-        let null_arenas = pool.stats().arenas.iter().filter(|a| a.arena.stream_key() == ArenaKey::NULL).count();
+        let null_arenas =
+            pool.stats().arenas.iter().filter(|a| a.arena.stream_key() == ArenaKey::NULL).count();
+        let one = median_rate(n, 2_000_000, Streams::OneShared, pooled.clone());
         let own = median_rate(n, 2_000_000, Streams::Own, own_pools);
         let up_front = median_rate(n, 2_000_000, Streams::MadeUpFront, pooled.clone());
         let sys = median_rate(n, 2_000_000, Streams::Own, system);
@@ -209,6 +217,15 @@ pub(crate) fn threads(report: &mut Report) {
             "threads",
             format!("{label}, all on the null stream ({null_arenas} of its arenas so far)"),
             null,
+            "own streams",
+            Some(ours),
+            "M/s",
+            false,
+        );
+        report.add(
+            "threads",
+            format!("{label}, all on one stream they share"),
+            one,
             "own streams",
             Some(ours),
             "M/s",

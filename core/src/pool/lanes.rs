@@ -1,18 +1,19 @@
-//! The null stream's lanes: arenas of one stream, so that threads allocating on it at the same
-//! time do not share a lock.
+//! A stream's lanes: arenas of one stream, so that threads allocating on it at the same time do
+//! not share a lock.
 //!
 //! Every thread allocates on the null stream unless it picks another, and one arena per stream
 //! (CuPy's rule) makes all of them take one lock and write the same cache lines: on the H200's
 //! host, four and eight threads allocating on the null stream at once ran at about a tenth of
-//! one thread's rate, together. So a thread that keeps waiting for the null stream's lock
+//! one thread's rate, together. So a thread that keeps waiting for its stream's arena lock
 //! ([`LANE_AFTER_WAITS`](super::sync::LANE_AFTER_WAITS) waits within
 //! [`CONTENTION_WINDOW`](super::sync::CONTENTION_WINDOW) of the arena's allocations, counted in
-//! the cold branch of the lock, so the cache hit pays nothing for it) moves to one of the
-//! [`ArenaKey::NULL_LANES`] lanes of the null stream, an arena of its own: its next cache hit
-//! goes to the miss path, which moves it (the thread's [`ArenaCache`] gives the lane's arena for
-//! [`ArenaKey::NULL`] from then on) and serves it there. Threads that take turns, as a training
-//! loop's forward and backward threads do, wait too rarely to move, and keep CuPy's one arena,
-//! whose freed memory each reuses at once; a program of one thread never has another arena.
+//! the cold branch of the lock, so the cache hit pays nothing for it) moves to another of the
+//! stream's [`ArenaKey::LANES`] lanes, an arena of its own: its next cache hit goes to the miss
+//! path, which moves it (the thread's [`ArenaCache`] gives the lane's arena for the stream's key
+//! from then on) and serves it there. Threads that take turns, as a training loop's forward and
+//! backward threads do, wait too rarely to move, and keep CuPy's one arena, whose freed memory
+//! each reuses at once; a program of one thread never has another arena. A per-thread default
+//! stream has no lanes (one thread allocates on it).
 //!
 //! The lanes serve one stream, so memory moves between them in that stream's order, as within
 //! one arena: it needs no event and no fence. A miss that its own lane cannot serve takes over
@@ -26,8 +27,9 @@
 //! What a move costs, against CuPy's one arena: each lane that grows makes blocks of its own, so
 //! the lanes hold their own free memory; a chunk freed in one lane merges only with its own
 //! lane's neighbours; and the statistics list each lane as an arena (their
-//! [`stream_key`](ArenaKey::stream_key) is the null stream's), so the pool's peaks are the sum of
-//! the lanes' (see `stats`). Reports of events and segments name the null stream for every lane.
+//! [`stream_key`](ArenaKey::stream_key) is their stream's), so the pool's peaks are the sum of
+//! the lanes' (see `stats`). Reports of events and segments name the stream for every lane, and
+//! `free_all_blocks` of a stream frees the free blocks of all its lanes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -35,37 +37,38 @@ use std::sync::Arc;
 use super::share::{best_fit_first, take_from};
 use super::{Arena, ArenaCache, ArenaKey, ArenaRef, Pool, PooledMemory, RawAllocator};
 
-/// The lane the next thread that moves takes: lanes 1 to `NULL_LANES - 1` in turn (lane 0 is
-/// where every thread starts).
+/// The lane the next thread that moves takes: lanes 1 to `LANES - 1` in turn (lane 0 is where
+/// every thread starts).
 fn next_lane() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(0);
-    1 + NEXT.fetch_add(1, Ordering::Relaxed) % (ArenaKey::NULL_LANES - 1)
+    1 + NEXT.fetch_add(1, Ordering::Relaxed) % (ArenaKey::LANES - 1)
 }
 
 impl<R: RawAllocator> Pool<R> {
-    /// Moves the calling thread, which keeps waiting for its arena's lock, to a lane of the null
-    /// stream of its own: from now on `cache` gives that lane's arena for [`ArenaKey::NULL`].
-    /// Only the null stream has lanes; on another stream the thread stays (its waits are
-    /// counted afresh).
+    /// Moves the calling thread, which keeps waiting for the lock of stream `key`'s arena, to
+    /// another lane of that stream: from now on `cache` gives that lane's arena for `key`. A
+    /// per-thread default stream has no other lane (its waits are counted afresh).
     #[cold]
     #[inline(never)]
     pub(super) fn move_to_lane(&self, key: ArenaKey, cache: &ArenaCache) {
         cache.reset_contention();
-        if key != ArenaKey::NULL {
+        let lane = key.lane(next_lane());
+        if lane == key {
             return;
         }
-        let arena = self.arena_in_map(ArenaKey::null_lane(next_lane()));
+        let arena = self.arena_in_map(lane);
         cache.put(self.shared.uid, key, arena);
     }
 
-    /// The other lanes of the null stream, for a miss of lane `key`; empty when `key` is not a
-    /// lane.
+    /// The other lanes of the stream of lane `key`, for a miss of that lane; empty (without a
+    /// look at the arenas) while no thread of the pool has moved.
     fn other_lanes(&self, key: ArenaKey) -> Vec<Arc<Arena<R>>> {
-        if key.null_lane_number().is_none() {
+        if !self.shared.any_lanes.load(Ordering::Relaxed) {
             return Vec::new();
         }
-        let lanes = self.arenas.lock();
-        lanes.values().filter(|a| a.key != key && a.key.null_lane_number().is_some()).cloned().collect()
+        let stream = key.stream_key();
+        let arenas = self.arenas.lock();
+        arenas.values().filter(|a| a.key != key && a.key.stream_key() == stream).cloned().collect()
     }
 
     /// A miss of lane `lane` of the null stream (the arena `key` names for this thread, in
@@ -143,7 +146,7 @@ mod tests {
     const U: usize = crate::pool::UNIT;
 
     fn lanes() -> (ArenaKey, ArenaKey) {
-        (ArenaKey::null_lane(1), ArenaKey::null_lane(2))
+        (ArenaKey::NULL.lane(1), ArenaKey::NULL.lane(2))
     }
 
     #[test]
@@ -196,6 +199,7 @@ mod tests {
 
     #[test]
     fn other_streams_do_not_take_a_lanes_chunk_and_a_lane_takes_none_of_theirs() {
+        // (The lanes here are the null stream's; another stream's lanes are its own.)
         let pool = Pool::new(0, CountingAllocator::default());
         let (one, _) = lanes();
         let other = ArenaKey::stream(0x5000);
@@ -252,7 +256,7 @@ mod tests {
         assert_eq!(lanes.len(), 2, "{lanes:?}");
         assert!(lanes.iter().all(|k| k.stream_key() == ArenaKey::NULL));
         let moved = lanes.iter().find(|&&k| k != ArenaKey::NULL).copied().unwrap();
-        assert!(moved.null_lane_number().is_some_and(|l| l > 0));
+        assert!(moved.lane_number() > 0);
         // The second allocation was the new lane's, and the first lane's one block was lent (to
         // `a`): the new lane made a block of its own.
         assert_eq!(pool.allocator().counts().snapshot().0, 2, "the first lane's block and the new lane's");
@@ -303,15 +307,33 @@ mod tests {
         );
         drop(pool.malloc(U, ArenaKey::NULL, &cache).unwrap());
         assert_eq!(pool.stats().arenas.len(), 1);
-        // On another stream, a thread that waits stays: only the null stream has lanes.
+    }
+
+    #[test]
+    fn any_stream_has_lanes_but_a_per_thread_default_stream() {
+        let pool = Pool::new(0, CountingAllocator::default());
+        let cache = ArenaCache::new();
         let other = ArenaKey::stream(0x5000);
         drop(pool.malloc(U, other, &cache).unwrap());
         waits(&cache, u64::from(super::super::sync::LANE_AFTER_WAITS), 1);
-        // The second misses, and the miss path looks at the waits.
+        // The second misses, and the miss path looks at the waits: the thread moves to another
+        // lane of the same stream, which takes over the free block.
         let held = (pool.malloc(U, other, &cache).unwrap(), pool.malloc(U, other, &cache).unwrap());
-        assert_eq!(pool.stats().arenas.len(), 2);
+        let arenas: Vec<ArenaKey> = pool.stats().arenas.iter().map(|a| a.arena).collect();
+        assert_eq!(arenas.len(), 2, "{arenas:?}");
+        assert!(arenas.iter().all(|k| k.stream_key() == other));
         drop(held);
         assert!(!cache.wants_lane(), "its waits are counted afresh");
+        pool.free_all_blocks(Some(other));
+        assert_eq!(pool.total_bytes(), 0, "the stream's blocks, in both lanes");
+
+        let mine = ArenaKey::per_thread(7);
+        drop(pool.malloc(U, mine, &cache).unwrap());
+        waits(&cache, u64::from(super::super::sync::LANE_AFTER_WAITS), 1);
+        let held = (pool.malloc(U, mine, &cache).unwrap(), pool.malloc(U, mine, &cache).unwrap());
+        assert_eq!(pool.stats().arenas.iter().map(|a| a.arena).collect::<Vec<_>>(), vec![mine]);
+        assert!(!cache.wants_lane());
+        drop(held);
     }
 
     /// Threads that move between lanes while others free their chunks and take blocks over: no

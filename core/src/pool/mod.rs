@@ -6,9 +6,10 @@
 //!   allocator for exactly the rounded size.
 //! - Free chunks are kept per *arena*, one per stream: the current stream when `malloc` runs (the
 //!   null stream's arena is shared by every thread using it; the per-thread default stream gives
-//!   each thread its own). gpumem differs in one case: threads that allocate on the null stream
-//!   at the same time and keep waiting for its arena's lock move to *lanes* of the null stream,
-//!   arenas of their own that pass whole free blocks between them (module `lanes`). A chunk goes back to the arena it came from, whatever stream is current
+//!   each thread its own). gpumem differs in one case: threads that allocate on one stream (the
+//!   null stream, most often) at the same time and keep waiting for its arena's lock move to
+//!   *lanes* of that stream, arenas of their own that pass whole free blocks between them
+//!   (module `lanes`). A chunk goes back to the arena it came from, whatever stream is current
 //!   when it is freed, so memory is only reused in the order of the stream it was allocated on.
 //!   gpumem can do more, off by default: [`Pool::set_share_across_streams`] lends a free chunk of
 //!   one arena to another stream's miss, with the two streams ordered (module `share`).
@@ -157,6 +158,9 @@ struct Shared<R: RawAllocator> {
     fenced: Mutex<Vec<Fenced<R>>>,
     /// Whether `fenced` may be non-empty: lets a miss skip the lock when nothing waits.
     any_fenced: AtomicBool,
+    /// Whether an arena of a lane other than a stream's own was ever made (module `lanes`): lets
+    /// a miss skip looking for other lanes in a pool that has none.
+    any_lanes: AtomicBool,
     /// Releases memory that the layer above holds for queued work which may have finished
     /// (`false`), or waits for that work first (`true`); see [`Pool::set_reclaimer`].
     reclaimer: std::sync::OnceLock<Reclaimer>,
@@ -300,6 +304,7 @@ impl<R: RawAllocator> Pool<R> {
                 peak_in_use: AtomicUsize::new(0),
                 fenced: Mutex::new(Vec::new()),
                 any_fenced: AtomicBool::new(false),
+                any_lanes: AtomicBool::new(false),
                 reclaimer: std::sync::OnceLock::new(),
                 expandable: AtomicBool::new(false),
                 peak_total: AtomicUsize::new(0),
@@ -590,6 +595,9 @@ impl<R: RawAllocator> Pool<R> {
     fn arena_in_map(&self, key: ArenaKey) -> Arc<Arena<R>> {
         let mut arenas = self.arenas.lock();
         Arc::clone(arenas.entry(key).or_insert_with(|| {
+            if key.lane_number() != 0 {
+                self.shared.any_lanes.store(true, Ordering::Relaxed);
+            }
             let mut state = ArenaState::new();
             self.configure(&mut state);
             self.shared.arenas_since_reset.fetch_add(1, Ordering::Relaxed);
@@ -911,7 +919,7 @@ impl<R: RawAllocator> Pool<R> {
             let map = self.arenas.lock();
             match key {
                 None => map.iter().map(|(k, a)| (*k, Arc::clone(a))).collect(),
-                // Every lane of the null stream, for the null stream.
+                // Every lane of the stream, for the stream's key.
                 Some(k) => map
                     .iter()
                     .filter(|(mk, _)| **mk == k || (k == k.stream_key() && mk.stream_key() == k))
