@@ -262,6 +262,8 @@ mod tests {
         assert_eq!(pool.allocator().counts().snapshot().0, 2, "the first lane's block and the new lane's");
         drop((a, b));
         assert_eq!(pool.free_chunks(ArenaKey::NULL).len() + pool.free_chunks(moved).len(), 2);
+        // What this thread sees as its stream's free chunks is its lane's.
+        assert_eq!(pool.free_chunks_seen_by(ArenaKey::NULL, &cache), pool.free_chunks(moved));
     }
 
     #[test]

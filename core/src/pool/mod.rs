@@ -1166,6 +1166,16 @@ impl<R: RawAllocator> Pool<R> {
     pub fn free_chunks(&self, key: ArenaKey) -> Vec<(DevicePtr, usize)> {
         self.arenas.lock().get(&key).map(|a| a.state.lock().free_chunks()).unwrap_or_default()
     }
+
+    /// The free chunks of the arena that a thread with `cache` allocates from on stream `key`:
+    /// the lane it moved to, if it moved (module `lanes`), else arena `key`. For debugging.
+    #[must_use]
+    pub fn free_chunks_seen_by(&self, key: ArenaKey, cache: &ArenaCache) -> Vec<(DevicePtr, usize)> {
+        match cache.get::<Arena<R>>(self.shared.uid, key) {
+            Some(arena) => arena.state.lock().free_chunks(),
+            None => self.free_chunks(key),
+        }
+    }
 }
 
 /// A reservation against the limit, undone when dropped (an error or a hook's panic between the

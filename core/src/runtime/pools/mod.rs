@@ -406,10 +406,12 @@ where
         self.pool.clear_oom_observers();
     }
 
-    /// The free chunks of the current stream's arena as `(ptr, size)`, for debugging.
+    /// The free chunks of the current stream's arena as `(ptr, size)`, for debugging: the arena
+    /// this thread allocates from (its lane of the stream, if it moved to one).
     #[must_use]
     pub fn free_chunks_of_current_stream(&self) -> Vec<(DevicePtr, usize)> {
-        let key = B::thread_state().try_with(|ts| ts.arena_key()).unwrap_or(ArenaKey::NULL);
-        self.pool.free_chunks(key)
+        B::thread_state()
+            .try_with(|ts| self.pool.free_chunks_seen_by(ts.arena_key(), &ts.arenas))
+            .unwrap_or_else(|_| self.pool.free_chunks(ArenaKey::NULL))
     }
 }
