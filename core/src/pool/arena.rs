@@ -106,8 +106,8 @@ pub(crate) struct Counters {
     /// tails included in the bytes).
     pub(crate) raw_allocs: u64,
     pub(crate) raw_frees: u64,
-    /// Blocks taken over from another arena of the same stream and handed over to one (the
-    /// null stream's lanes): held or no longer held with no raw call.
+    /// Blocks taken over from another arena of the same stream and handed over to one (a
+    /// stream's lanes): held or no longer held with no raw call.
     pub(crate) blocks_in: u64,
     pub(crate) blocks_out: u64,
     pub(crate) reserved_in: u64,

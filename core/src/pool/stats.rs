@@ -96,7 +96,7 @@ impl MemoryStats {
             reserved_bytes: Stat::new(c.reserved_in, c.reserved_out, c.peak_reserved),
             allocations: Stat::new(c.allocs, c.frees, c.peak_allocations),
             active_allocations: Stat::new(c.allocs, c.allocs - lent, c.peak_active_allocations),
-            // Blocks moved between the null stream's lanes count in `current` (and cancel out in
+            // Blocks moved between a stream's lanes count in `current` (and cancel out in
             // a pool's sum), not among the raw allocations and frees.
             segments: Stat {
                 current: c.segments_held(),
@@ -117,8 +117,8 @@ impl MemoryStats {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct ArenaStats {
-    /// Which arena: a stream's, or one lane of the null stream (whose
-    /// [`ArenaKey::stream_key`] is the null stream's).
+    /// Which arena: a stream's, or another lane of a stream (whose [`ArenaKey::stream_key`] is
+    /// that stream's).
     pub arena: ArenaKey,
     /// Its statistics since it was made (an arena left with no memory is dropped from the pool;
     /// its counts stay in the pool's).
@@ -173,7 +173,7 @@ pub struct BlockSnapshot {
 #[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
 pub struct SegmentSnapshot {
     /// The stream whose arena the block belongs to ([`ArenaKey::stream_key`]: a block of any lane
-    /// of the null stream shows as the null stream's).
+    /// of a stream shows as that stream's).
     pub arena: ArenaKey,
     /// The block's first address.
     pub address: DevicePtr,
