@@ -177,78 +177,25 @@ pub(crate) fn threads(report: &mut Report) {
             }
         });
         let label = format!("{n} thread(s)");
-        report.add(
-            "threads",
-            label.clone(),
-            ours,
-            "cuMemAllocAsync, same threads",
-            Some(anchor),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            label.clone(),
-            ours,
-            "PyTorch caching allocator (C++)",
-            report.external(&format!("torch_cpp_threads_{n}")),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            label.clone(),
-            ours,
-            "CuPy MemoryPool (Python)",
-            report.external(&format!("cupy_threads_{n}")),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            format!("{label}, MemoryPointer"),
-            ptrs,
-            "pool's own path, same threads",
-            Some(ours),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            format!("{label}, all on the null stream ({null_arenas} of its arenas so far)"),
-            null,
-            "own streams",
-            Some(ours),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            format!("{label}, all on one stream they share"),
-            one,
-            "own streams",
-            Some(ours),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            format!("{label}, each its own pool"),
-            own,
-            "one pool",
-            Some(ours),
-            "M/s",
-            false,
-        );
-        report.add(
-            "threads",
-            format!("{label}, streams and arenas made up front on one thread"),
-            up_front,
-            "each thread's own",
-            Some(ours),
-            "M/s",
-            false,
-        );
+        let anchors = [
+            ("cuMemAllocAsync, same threads", Some(anchor)),
+            ("PyTorch caching allocator (C++)", report.external(&format!("torch_cpp_threads_{n}"))),
+            ("CuPy MemoryPool (Python)", report.external(&format!("cupy_threads_{n}"))),
+        ];
+        for (name, value) in anchors {
+            report.add("threads", label.clone(), ours, name, value, "M/s", false);
+        }
+        // gpumem's variants, each against the pool's own path on streams of their own.
+        let variants = [
+            ("MemoryPointer".to_owned(), ptrs, "pool's own path, same threads"),
+            (format!("all on the null stream ({null_arenas} of its arenas so far)"), null, "own streams"),
+            ("all on one stream they share".to_owned(), one, "own streams"),
+            ("each its own pool".to_owned(), own, "one pool"),
+            ("streams and arenas made up front on one thread".to_owned(), up_front, "each thread's own"),
+        ];
+        for (variant, value, against) in variants {
+            report.add("threads", format!("{label}, {variant}"), value, against, Some(ours), "M/s", false);
+        }
         report.add(
             "threads",
             format!("{label}, the system allocator (4 KiB alloc + dealloc)"),
