@@ -538,7 +538,7 @@ impl<R: RawAllocator> Pool<R> {
                 }
             }
         }
-        // The arena `key` names for this thread: a lane of the null stream, if the thread moved
+        // The arena `key` names for this thread: another lane of its stream, if the thread moved
         // to one (module `lanes`).
         let lane = arena.key;
         drop(arena);
