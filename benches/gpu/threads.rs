@@ -220,33 +220,15 @@ pub(crate) fn threads(report: &mut Report) {
         );
         if n > 1 {
             let target = if n == 4 { 3.5 } else { 6.5 };
-            report.add(
-                "threads",
-                format!("{n} threads over 1 thread (scaling)"),
-                ours / single,
-                "target",
-                Some(target),
-                "x",
-                false,
-            );
-            report.add(
-                "threads",
-                format!("{n} threads over 1 thread (scaling)"),
-                ours / single,
-                "the loop sharing nothing, its scaling",
-                Some(looped / single_loop),
-                "x",
-                false,
-            );
-            report.add(
-                "threads",
-                format!("{n} threads over 1 thread (scaling)"),
-                ours / single,
-                "the system allocator's scaling",
-                Some(sys / single_system),
-                "x",
-                false,
-            );
+            let scalings = [
+                ("target", target),
+                ("the loop sharing nothing, its scaling", looped / single_loop),
+                ("the system allocator's scaling", sys / single_system),
+            ];
+            for (name, value) in scalings {
+                let label = format!("{n} threads over 1 thread (scaling)");
+                report.add("threads", label, ours / single, name, Some(value), "x", false);
+            }
             report.add(
                 "threads",
                 format!("{n} threads on the null stream over 1 thread on it (scaling)"),
