@@ -336,3 +336,83 @@ fn stdout_is_the_default() {
     assert_eq!(hook.name(), "DebugPrintHook");
     assert!(hook.flushes());
 }
+
+/// Formats each event with `format!`, as CuPy's format strings read, to hold DebugPrintHook's
+/// own formatting (and the line ends it keeps for chunks lent again) to them.
+#[derive(Default)]
+struct Reference {
+    lines: std::cell::RefCell<String>,
+    /// Each malloc and free line's (mem_size, mem_ptr, pmem_id), in order.
+    chunks: std::cell::RefCell<Vec<(usize, usize, u64)>>,
+}
+
+impl gpumem_core::MemoryHook for Reference {
+    fn name(&self) -> &str {
+        "Reference"
+    }
+    fn callbacks(&self) -> gpumem_core::hooks::Callbacks {
+        gpumem_core::hooks::Callbacks::POSTPROCESS
+    }
+    fn alloc_postprocess(&self, e: &gpumem_core::AllocEvent) -> gpumem_core::HookResult {
+        let line = format!(
+            "{{\"hook\":\"alloc\",\"device_id\":{},\"mem_size\":{},\"mem_ptr\":{}}}\n",
+            e.device_id, e.mem_size, e.mem_ptr
+        );
+        self.lines.borrow_mut().push_str(&line);
+        Ok(())
+    }
+    fn malloc_postprocess(&self, e: &gpumem_core::MallocEvent) -> gpumem_core::HookResult {
+        let line = format!(
+            "{{\"hook\":\"malloc\",\"device_id\":{},\"size\":{},\"mem_size\":{},\"mem_ptr\":{},\"pmem_id\":\"{:#x}\"}}\n",
+            e.device_id, e.size, e.mem_size, e.mem_ptr, e.pmem_id
+        );
+        self.lines.borrow_mut().push_str(&line);
+        self.chunks.borrow_mut().push((e.mem_size, e.mem_ptr, e.pmem_id));
+        Ok(())
+    }
+    fn free_postprocess(&self, e: &gpumem_core::FreeEvent) -> gpumem_core::HookResult {
+        let line = format!(
+            "{{\"hook\":\"free\",\"device_id\":{},\"mem_size\":{},\"mem_ptr\":{},\"pmem_id\":\"{:#x}\"}}\n",
+            e.device_id, e.mem_size, e.mem_ptr, e.pmem_id
+        );
+        self.lines.borrow_mut().push_str(&line);
+        self.chunks.borrow_mut().push((e.mem_size, e.mem_ptr, e.pmem_id));
+        Ok(())
+    }
+}
+
+/// The share of malloc and free lines whose end DebugPrintHook copies rather than formats: its
+/// table's entry (the id's low 8 bits) last held the same chunk.
+fn kept_ends(chunks: &[(usize, usize, u64)]) -> f64 {
+    let mut table = vec![(0usize, 0usize, 0u64); 256];
+    let kept =
+        chunks.iter().filter(|&&c| std::mem::replace(&mut table[(c.2 % 256) as usize], c) == c).count();
+    kept as f64 / chunks.len() as f64
+}
+
+/// A recorded training trace (GPT-2, three steps), a generated one and the random trace, replayed
+/// through the pool with DebugPrintHook installed: every line, those whose end the hook kept
+/// from an earlier line of the same chunk among them, is what CuPy's format strings give.
+#[test]
+fn traces_print_every_line_as_the_format_strings_do() -> TestResult {
+    use gpumem_core::pool::{trace, GrowthPolicy};
+    let gpt2 = include_str!("../../core/tests/fixtures/gpt2-training.trace");
+    let traces = [
+        ("GPT-2 training", trace::parse(gpt2)?),
+        ("generated training", trace::training(4, 256, 128, 3)),
+        ("random", trace::standard_random()),
+    ];
+    for (name, steps) in traces {
+        let reference = install(Reference::default())?;
+        let hook = install(DebugPrintHook::with_flush(Vec::new(), false))?;
+        trace::replay(&steps, GrowthPolicy::default())?;
+        let out = String::from_utf8(hook.into_inner().into_inner())?;
+        let reference = reference.into_inner();
+        let expected = reference.lines.into_inner();
+        assert!(expected.lines().count() > 1000, "{name}: {} lines", expected.lines().count());
+        assert!(out == expected, "{name}: the hook's lines differ from the reference's");
+        let share = kept_ends(&reference.chunks.into_inner());
+        eprintln!("{name}: {:.1} % of the malloc and free lines' ends kept", share * 100.0);
+    }
+    Ok(())
+}
