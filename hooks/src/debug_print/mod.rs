@@ -202,9 +202,7 @@ fn alloc_line(l: &mut Line<'_>, e: &AllocEvent) {
 
 #[inline(always)]
 fn malloc_line(l: &mut Line<'_>, e: &MallocEvent, ends: &mut LineEnds) {
-    ends.put_end(l, e.mem_size, e.mem_ptr, e.pmem_id);
-    l.unsigned(e.size);
-    l.put(b",\"size\":");
+    ends.put_sized_end(l, e.size, e.mem_size, e.mem_ptr, e.pmem_id);
     l.signed(e.device_id);
     l.put(b"{\"hook\":\"malloc\",\"device_id\":");
 }
