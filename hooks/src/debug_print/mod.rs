@@ -33,12 +33,13 @@ use line::{Line, LINE_CAP};
 /// loop over digits) and handed to the writer with a single `write_all` (the newline included),
 /// then the writer is flushed if `flush` is set (the default, as in CuPy). A malloc line and the
 /// free line of the same chunk end alike (size, address, `pmem_id`), and a pool lends the same
-/// chunks again and again, so the hook keeps the last such end of 256 chunks (32 KiB, indexed
-/// by the `pmem_id`'s low bits) and copies it where it would format the same digits again: half
-/// the lines of GPT-2's three recorded training steps, every line of a loop that frees what it
-/// allocates. The hook declares only its three callbacks ([`MemoryHook::callbacks`]), so the
-/// pool skips the pre callbacks. A `BufWriter` over a file with `flush` off is the fast
-/// setting, since each flush of a file is a system call. A write or flush error is returned from the callback, so it reaches
+/// chunks again and again, so the hook keeps the last such end of 256 chunks, with the size of
+/// the chunk's last malloc before it (44 KiB, indexed by the `pmem_id`'s low bits), and copies
+/// it where it would format the same digits again: half the lines of GPT-2's three recorded
+/// training steps, every line of a loop that frees what it allocates. The hook declares only
+/// its three callbacks ([`MemoryHook::callbacks`]), so the pool skips the pre callbacks. A
+/// `BufWriter` over a file with `flush` off is the fast setting, since each flush of a file is
+/// a system call. A write or flush error is returned from the callback, so it reaches
 /// the caller of `malloc` or [`PooledMemory::free`](gpumem_core::PooledMemory::free) as
 /// [`Error::Hook`](gpumem_core::Error::Hook); the pool still returns or keeps its chunk as the
 /// [hook rules](gpumem_core::hooks) say, so nothing leaks.
