@@ -157,7 +157,7 @@ mod tests {
         for round in 0..8_000usize {
             let r = next() as usize ^ round;
             let (mem_size, mem_ptr, pmem_id) = keys[r % keys.len()];
-            if r % 3 == 0 {
+            if r.is_multiple_of(3) {
                 let end = line(|l| ends.put_end(l, mem_size, mem_ptr, pmem_id));
                 assert_eq!(end, reference(mem_size, mem_ptr, pmem_id));
             } else {
