@@ -38,6 +38,14 @@ struct End {
     text: [u8; TEXT_CAP],
 }
 
+impl End {
+    /// Whether this entry holds the end of that chunk's lines.
+    #[inline(always)]
+    fn holds(&self, mem_size: usize, mem_ptr: usize, pmem_id: u64) -> bool {
+        self.mem_size == mem_size && self.mem_ptr == mem_ptr && self.pmem_id == pmem_id
+    }
+}
+
 /// The table of line ends (see the module docs).
 pub(super) struct LineEnds(Box<[End; SLOTS]>);
 
@@ -58,7 +66,7 @@ impl LineEnds {
     #[inline(always)]
     fn end(&mut self, l: &mut Line<'_>, mem_size: usize, mem_ptr: usize, pmem_id: u64) -> &mut End {
         let e = &mut self.0[pmem_id as usize % SLOTS];
-        if e.mem_size == mem_size && e.mem_ptr == mem_ptr && e.pmem_id == pmem_id {
+        if e.holds(mem_size, mem_ptr, pmem_id) {
             l.start_with(&e.text, e.len);
         } else {
             format_end(l, mem_size, mem_ptr, pmem_id);
@@ -86,12 +94,7 @@ impl LineEnds {
         pmem_id: u64,
     ) {
         let e = &mut self.0[pmem_id as usize % SLOTS];
-        if e.mem_size == mem_size
-            && e.mem_ptr == mem_ptr
-            && e.pmem_id == pmem_id
-            && e.size == size
-            && e.sized_len != 0
-        {
+        if e.holds(mem_size, mem_ptr, pmem_id) && e.size == size && e.sized_len != 0 {
             l.start_with(&e.text, e.sized_len);
             return;
         }
