@@ -38,6 +38,18 @@ pub(crate) fn threads_rate(
     streams: Streams,
     run: impl Fn(Option<&Stream>, u64) + Send + Sync + 'static,
 ) -> f64 {
+    threads_rate_on(threads, iters, streams, None, run)
+}
+
+/// [`threads_rate`] with thread `i` pinned to `cpus[i]` when `cpus` is given (and has a CPU for
+/// every thread).
+fn threads_rate_on(
+    threads: usize,
+    iters: u64,
+    streams: Streams,
+    cpus: Option<&[core_affinity::CoreId]>,
+    run: impl Fn(Option<&Stream>, u64) + Send + Sync + 'static,
+) -> f64 {
     let run = Arc::new(run);
     let start = Arc::new(Barrier::new(threads + 1));
     let shared = (streams == Streams::OneShared).then(|| Stream::non_blocking().unwrap());
@@ -56,9 +68,14 @@ pub(crate) fn threads_rate(
         .collect();
     let handles: Vec<_> = made
         .into_iter()
-        .map(|made| {
+        .enumerate()
+        .map(|(i, made)| {
             let (run, start) = (Arc::clone(&run), Arc::clone(&start));
+            let cpu = cpus.and_then(|c| c.get(i).copied());
             std::thread::spawn(move || {
+                if let Some(cpu) = cpu {
+                    assert!(core_affinity::set_for_current(cpu), "pin to CPU {}", cpu.id);
+                }
                 let stream =
                     made.or_else(|| (streams == Streams::Own).then(|| Stream::non_blocking().unwrap()));
                 let _g = stream.as_ref().map(|s| s.enter().unwrap());
@@ -94,6 +111,26 @@ pub(crate) fn parallel_loop(iters: u64) {
     }
 }
 
+/// The machine's CPUs in the order [`threads`] pins its threads: one CPU of each core first
+/// (cores told apart by `/sys/devices/system/cpu/cpuN/topology`'s package and core ids), then
+/// the cores' other hardware threads. Eight threads pinned so run on eight cores wherever the
+/// machine has them, however the scheduler would have placed them. Also the count of cores
+/// (`None` where the topology cannot be read).
+pub(crate) fn cpus_by_core() -> (Vec<core_affinity::CoreId>, Option<usize>) {
+    let ids = core_affinity::get_core_ids().unwrap_or_default();
+    let read = |cpu: usize, what: &str| -> Option<u32> {
+        let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}");
+        std::fs::read_to_string(path).ok()?.trim().parse().ok()
+    };
+    let cores: Option<Vec<(u32, u32)>> =
+        ids.iter().map(|c| Some((read(c.id, "physical_package_id")?, read(c.id, "core_id")?))).collect();
+    let Some(cores) = cores else { return (ids, None) };
+    let mut seen = std::collections::HashSet::new();
+    let (first, rest): (Vec<_>, Vec<_>) = ids.iter().zip(&cores).partition(|(_, core)| seen.insert(**core));
+    let order = first.iter().chain(&rest).map(|(id, _)| **id).collect();
+    (order, Some(seen.len()))
+}
+
 /// The median of 5 runs of [`threads_rate`].
 pub(crate) fn median_rate(
     threads: usize,
@@ -101,7 +138,20 @@ pub(crate) fn median_rate(
     streams: Streams,
     run: impl Fn(Option<&Stream>, u64) + Clone + Send + Sync + 'static,
 ) -> f64 {
-    median(&mut (0..5).map(|_| threads_rate(threads, iters, streams, run.clone())).collect::<Vec<_>>())
+    median_rate_on(threads, iters, streams, None, run)
+}
+
+/// [`median_rate`] with the threads pinned as [`threads_rate_on`] pins them.
+fn median_rate_on(
+    threads: usize,
+    iters: u64,
+    streams: Streams,
+    cpus: Option<&[core_affinity::CoreId]>,
+    run: impl Fn(Option<&Stream>, u64) + Clone + Send + Sync + 'static,
+) -> f64 {
+    median(
+        &mut (0..5).map(|_| threads_rate_on(threads, iters, streams, cpus, run.clone())).collect::<Vec<_>>(),
+    )
 }
 
 pub(crate) fn threads(report: &mut Report) {
@@ -146,7 +196,18 @@ pub(crate) fn threads(report: &mut Report) {
             }
         }
     };
+    // The same rows with each thread pinned, one per core first: where the scheduler puts two
+    // busy threads on one core's hardware threads, both slow down, and the unpinned rows read
+    // that as the allocator's.
+    let (order, cores) = cpus_by_core();
+    match cores {
+        Some(c) => {
+            eprintln!("  {} CPUs on {c} cores; pinned rows take one CPU of each core first", order.len())
+        }
+        None => eprintln!("  {} CPUs, cores unknown; pinned rows take them in order", order.len()),
+    }
     let (mut single, mut single_loop, mut single_null, mut single_system) = (0.0, 0.0, 0.0, 0.0);
+    let (mut single_pinned, mut single_loop_pinned) = (0.0, 0.0);
     for n in [1usize, 4, 8] {
         // The loop first and last around gpumem's figure, so a clock that drifts during the run
         // shows in their difference.
@@ -164,8 +225,12 @@ pub(crate) fn threads(report: &mut Report) {
         let sys = median_rate(n, 2_000_000, Streams::Own, system);
         let loop_after = median_rate(n, 2_000_000, Streams::Own, |_, iters| parallel_loop(iters));
         let looped = (loop_before + loop_after) / 2.0;
+        let cpus = order.get(..n);
+        let loop_pinned = median_rate_on(n, 2_000_000, Streams::Own, cpus, |_, iters| parallel_loop(iters));
+        let pinned = median_rate_on(n, 2_000_000, Streams::Own, cpus, pooled.clone());
         if n == 1 {
             (single, single_loop, single_null, single_system) = (ours, looped, null, sys);
+            (single_pinned, single_loop_pinned) = (pinned, loop_pinned);
         }
         let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, Streams::Own, |s, iters| {
             let h = s.expect("own stream").handle();
@@ -205,6 +270,17 @@ pub(crate) fn threads(report: &mut Report) {
             "M/s",
             false,
         );
+        let placed = if cpus.is_some() { "pinned, one per core first" } else { "too few CPUs to pin" };
+        report.add("threads", format!("{label}, {placed}"), pinned, "unpinned", Some(ours), "M/s", false);
+        report.add(
+            "threads",
+            format!("{label}, loop sharing nothing, {placed}"),
+            loop_pinned,
+            "-",
+            None,
+            "M it/s",
+            false,
+        );
         report.add(
             "threads",
             format!(
@@ -228,6 +304,19 @@ pub(crate) fn threads(report: &mut Report) {
             for (name, value) in scalings {
                 let label = format!("{n} threads over 1 thread (scaling)");
                 report.add("threads", label, ours / single, name, Some(value), "x", false);
+            }
+            // Without a CPU for each thread nothing was pinned: no pinned scaling to show.
+            let pinned_rows = if cpus.is_some() {
+                vec![
+                    ("target", target),
+                    ("the loop sharing nothing, pinned, its scaling", loop_pinned / single_loop_pinned),
+                ]
+            } else {
+                Vec::new()
+            };
+            for (name, value) in pinned_rows {
+                let label = format!("{n} threads over 1 thread, pinned one per core first (scaling)");
+                report.add("threads", label, pinned / single_pinned, name, Some(value), "x", false);
             }
             report.add(
                 "threads",
