@@ -242,7 +242,14 @@ impl<R: RawAllocator> PooledMemory<R> {
 /// Arena and slot identify a lent chunk among those lent at one time; the pool's number keeps
 /// two pools' chunks apart. Never 0 (arena numbers start at 1), which hooks read as "failed".
 fn pmem_id_of<R: RawAllocator>(arena: &Arena<R>, slot: u32) -> u64 {
-    ((u64::from(arena.uid) << 32) | u64::from(slot)) ^ (arena.shared.uid << 52)
+    arena.pmem_base | u64::from(slot)
+}
+
+/// The bits of a `pmem_id` that arena `arena_uid` of pool `pool_uid` gives all its chunks:
+/// `(arena_uid << 32 | slot) ^ (pool_uid << 52)` is this with the slot in the low 32 bits, which
+/// the pool's bits never reach.
+pub(super) fn pmem_base(arena_uid: u32, pool_uid: u64) -> u64 {
+    (u64::from(arena_uid) << 32) ^ (pool_uid << 52)
 }
 
 /// A chunk to give back (behind a fence, if any) when dropped.

@@ -258,6 +258,9 @@ pub trait Fence: Send + Sync + 'static {
 pub(crate) struct Arena<R: RawAllocator> {
     key: ArenaKey,
     uid: u32,
+    /// The high bits of its chunks' `pmem_id`s (the arena's and the pool's numbers), made once so
+    /// that a hooked allocation or free adds the slot alone (see `chunk::pmem_id_of`).
+    pmem_base: u64,
     shared: Arc<Shared<R>>,
     state: ArenaLock<ArenaState<R::Block>>,
 }
@@ -601,9 +604,11 @@ impl<R: RawAllocator> Pool<R> {
             let mut state = ArenaState::new();
             self.configure(&mut state);
             self.shared.arenas_since_reset.fetch_add(1, Ordering::Relaxed);
+            let uid = self.next_arena.fetch_add(1, Ordering::Relaxed);
             Arc::new(Arena {
                 key,
-                uid: self.next_arena.fetch_add(1, Ordering::Relaxed),
+                uid,
+                pmem_base: chunk::pmem_base(uid, self.shared.uid),
                 shared: Arc::clone(&self.shared),
                 state: ArenaLock::new(state),
             })
