@@ -22,9 +22,9 @@
 //!
 //! While no thread has a hook installed, the pool pays one relaxed atomic load per operation.
 //! With hooks on the thread, each step of an operation reads which callbacks the thread's hooks
-//! implement ([`MemoryHook::callbacks`], one thread-local load); only when one does, it takes the
-//! thread's list of hooks (one thread-local access and one reference count for all of them) and
-//! calls them.
+//! implement ([`MemoryHook::callbacks`], one thread-local load); only when one does, it reads the
+//! thread's list of hooks (another thread-local load; no reference count is taken, the list is
+//! kept alive while a dispatch runs) and calls them.
 //!
 //! # Process-wide observers
 //!
@@ -219,11 +219,14 @@ static HOOKED_THREADS: AtomicUsize = AtomicUsize::new(0);
 const OBSERVED: usize = 1 << (usize::BITS - 1);
 
 /// The calling thread's hooks. The list is shared (`Rc`) and replaced, never changed in place, when
-/// a hook is installed or removed: an operation takes the list once (one reference-count
-/// increment for all its hooks, however many) and calls the hooks of that snapshot, while a
-/// callback that installs or removes a hook changes the list the next operation sees.
+/// a hook is installed or removed. A dispatch calls the hooks of the list it found when it began
+/// (read through [`LIST`], with no reference count taken), while a callback that installs or
+/// removes a hook changes the list the next operation sees: a list replaced while a dispatch is
+/// running on the thread is kept in `retired` until the outermost dispatch ends.
 struct Registry {
     hooks: RefCell<Option<Rc<[Entry]>>>,
+    /// Lists replaced while a dispatch was running, dropped when the outermost one ends.
+    retired: RefCell<Vec<Rc<[Entry]>>>,
 }
 
 /// An installed hook and the callbacks it implements (read once, at install).
@@ -237,6 +240,14 @@ thread_local! {
     /// The union of the callbacks of the calling thread's hooks (0: no hook). It has no
     /// destructor, so reading it is a plain thread-local load, valid to the thread's end.
     static WANTED: Cell<u8> = const { Cell::new(0) };
+    /// The registry's current list as a dispatch reads it (address and length; empty when no
+    /// hook is installed). Like `WANTED` it has no destructor, so a dispatch reads it with a
+    /// plain load, where the registry itself (which has one) costs a check of its state and a
+    /// `RefCell` borrow. The registry keeps what it points to alive (see [`Registry`]).
+    static LIST: Cell<(*const Entry, usize)> = const { Cell::new((std::ptr::null(), 0)) };
+    /// How many dispatches are running on the thread (a callback may allocate, and so dispatch
+    /// again), and whether a list was retired while one was.
+    static DISPATCH: Cell<(u32, bool)> = const { Cell::new((0, false)) };
 }
 
 impl Registry {
@@ -251,6 +262,7 @@ impl Registry {
         let wanted = list.iter().fold(0u8, |m, e| m | e.wanted | INSTALLED);
         let new = if list.is_empty() { None } else { Some(Rc::<[_]>::from(list)) };
         WANTED.with(|w| w.set(wanted));
+        LIST.with(|l| l.set(new.as_deref().map_or((std::ptr::null(), 0), |n| (n.as_ptr(), n.len()))));
         let mut hooks = self.hooks.borrow_mut();
         match (hooks.is_some(), new.is_some()) {
             (false, true) => {
@@ -261,11 +273,19 @@ impl Registry {
             }
             _ => {}
         }
-        // The old list is dropped after the borrow ends: dropping a hook may run its `Drop`, which
-        // may install or remove hooks.
         let old = std::mem::replace(&mut *hooks, new);
         drop(hooks);
-        drop(old);
+        let Some(old) = old else { return };
+        let (depth, _) = DISPATCH.with(Cell::get);
+        if depth > 0 {
+            // A dispatch of this thread is iterating `old`: it lives until that dispatch ends.
+            self.retired.borrow_mut().push(old);
+            DISPATCH.with(|d| d.set((depth, true)));
+        } else {
+            // Dropped after the borrow ends: dropping a hook may run its `Drop`, which may
+            // install or remove hooks.
+            drop(old);
+        }
     }
 }
 
@@ -275,6 +295,8 @@ const INSTALLED: u8 = 1 << 7;
 impl Drop for Registry {
     fn drop(&mut self) {
         let _ = WANTED.try_with(|w| w.set(0));
+        // Dispatches after this (from other thread-locals' destructors) find no hook.
+        let _ = LIST.try_with(|l| l.set((std::ptr::null(), 0)));
         if self.hooks.get_mut().is_some() {
             HOOKED_THREADS.fetch_sub(1, Ordering::Relaxed);
         }
@@ -282,7 +304,44 @@ impl Drop for Registry {
 }
 
 thread_local! {
-    static HOOKS: Registry = const { Registry { hooks: RefCell::new(None) } };
+    static HOOKS: Registry =
+        const { Registry { hooks: RefCell::new(None), retired: RefCell::new(Vec::new()) } };
+}
+
+/// A running dispatch: counted in `DISPATCH` from its start until this is dropped (at its end or
+/// while a panicking hook unwinds it); the outermost one drops the lists retired meanwhile.
+struct Dispatching;
+
+impl Dispatching {
+    #[inline(always)]
+    fn begin() -> Self {
+        DISPATCH.with(|d| {
+            let (depth, retired) = d.get();
+            d.set((depth + 1, retired));
+        });
+        Dispatching
+    }
+}
+
+impl Drop for Dispatching {
+    #[inline(always)]
+    fn drop(&mut self) {
+        let (depth, retired) = DISPATCH.with(Cell::get);
+        DISPATCH.with(|d| d.set((depth - 1, retired)));
+        if depth == 1 && retired {
+            drop_retired();
+        }
+    }
+}
+
+/// Drops the lists retired while dispatches ran, once none runs. Their hooks' `Drop` may install
+/// or remove hooks, or allocate: the registry is not borrowed while they run.
+#[cold]
+#[inline(never)]
+fn drop_retired() {
+    DISPATCH.with(|d| d.set((0, false)));
+    let retired = HOOKS.try_with(|h| std::mem::take(&mut *h.retired.borrow_mut())).unwrap_or_default();
+    drop(retired);
 }
 
 /// Whether the calling thread has a hook installed: the check the pool makes on every operation.
@@ -316,11 +375,22 @@ pub(crate) fn fire(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -
     fire_hooks(phase, call)
 }
 
-/// [`fire`] past the check: one thread-local access and one reference count for the whole list.
+/// [`fire`] past the check: the list read with one thread-local load, the dispatch counted.
 #[inline(always)]
+#[allow(unsafe_code)] // the list is read through `LIST`'s pointer; see the SAFETY comment
 pub(crate) fn fire_hooks(phase: Phase, call: impl Fn(&dyn MemoryHook) -> HookResult) -> Result<(), Failed> {
-    let Some(list) = HOOKS.try_with(|h| h.hooks.borrow().clone()).ok().flatten() else { return Ok(()) };
-    for e in list.iter() {
+    let (ptr, len) = LIST.with(Cell::get);
+    if len == 0 {
+        return Ok(());
+    }
+    let _running = Dispatching::begin();
+    // SAFETY: `LIST` holds the address and length of the registry's current list, an
+    // `Rc<[Entry]>` the registry owns (it is cleared before the registry is dropped). While
+    // `_running` counts this dispatch, a list the registry replaces is retired, not dropped,
+    // until the outermost dispatch ends, so the slice stays alive and unchanged (an `Rc<[_]>` is
+    // never changed in place) for the whole loop.
+    let list = unsafe { std::slice::from_raw_parts(ptr, len) };
+    for e in list {
         if e.wanted & phase.0 .0 == 0 {
             continue;
         }

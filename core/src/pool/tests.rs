@@ -1,6 +1,8 @@
 //! The pool alone, on a mock raw allocator: no backend, no stream, no memory type.
 
+use std::cell::RefCell;
 use std::collections::{BTreeMap, HashMap};
+use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -180,6 +182,136 @@ fn a_panicking_alloc_hook_leaves_every_counter_as_it_was() {
     }
     assert_eq!(pool.total_bytes(), 0, "the reservations were undone");
     assert!(pool.malloc(UNIT, ArenaKey::NULL, &cache).is_ok());
+}
+
+/// A hook that logs its events into a shared log and, on its first `malloc_postprocess`, runs
+/// `then` (once): what a callback does to the hook list mid-dispatch.
+struct Scripted {
+    name: &'static str,
+    log: Rc<RefCell<Vec<String>>>,
+    then: RefCell<Option<Box<dyn FnOnce()>>>,
+}
+
+impl Scripted {
+    fn new(name: &'static str, log: &Rc<RefCell<Vec<String>>>, then: Option<Box<dyn FnOnce()>>) -> Self {
+        Scripted { name, log: Rc::clone(log), then: RefCell::new(then) }
+    }
+}
+
+impl hooks::MemoryHook for Scripted {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn malloc_postprocess(&self, _: &MallocEvent) -> hooks::HookResult {
+        self.log.borrow_mut().push(format!("{} malloc", self.name));
+        let then = self.then.borrow_mut().take();
+        if let Some(then) = then {
+            then();
+        }
+        Ok(())
+    }
+    fn free_postprocess(&self, _: &hooks::FreeEvent) -> hooks::HookResult {
+        self.log.borrow_mut().push(format!("{} free", self.name));
+        Ok(())
+    }
+}
+
+type Guards = Rc<RefCell<Vec<hooks::HookGuard<Scripted>>>>;
+
+#[test]
+fn a_hook_removed_by_a_callback_is_still_called_by_that_dispatch_and_then_dropped() {
+    // `first` removes `second` (dropping its guard) from inside the dispatch that is about to
+    // call `second`: the dispatch goes on with the list it began with, so `second` is called
+    // once more, and its memory must outlive that call (Miri checks it does).
+    let (pool, _mock, cache) = pool();
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let guards: Guards = Rc::default();
+    let g = Rc::clone(&guards);
+    let first = hooks::install(Scripted::new("first", &log, Some(Box::new(move || g.borrow_mut().clear()))));
+    let first = first.unwrap();
+    guards.borrow_mut().push(hooks::install(Scripted::new("second", &log, None)).unwrap());
+    let weak = Rc::downgrade(&log);
+    drop(pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap());
+    assert_eq!(*log.borrow(), ["first malloc", "second malloc", "first free"]);
+    assert_eq!(hooks::installed(), ["first"]);
+    // `second` and its log handle are gone now that no dispatch runs.
+    assert_eq!(Rc::strong_count(&log), 2, "the test's and first's handles only");
+    drop(first);
+    assert!(hooks::installed().is_empty());
+    assert_eq!(weak.strong_count(), 1);
+}
+
+#[test]
+fn a_hook_installed_by_a_callback_is_called_from_the_next_event_on() {
+    let (pool, _mock, cache) = pool();
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let guards: Guards = Rc::default();
+    let (g, l) = (Rc::clone(&guards), Rc::clone(&log));
+    let install_late = move || g.borrow_mut().push(hooks::install(Scripted::new("late", &l, None)).unwrap());
+    let _first = hooks::install(Scripted::new("first", &log, Some(Box::new(install_late)))).unwrap();
+    drop(pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap());
+    assert_eq!(*log.borrow(), ["first malloc", "first free", "late free"]);
+    guards.borrow_mut().clear();
+    assert_eq!(hooks::installed(), ["first"]);
+}
+
+#[test]
+fn a_callback_that_allocates_and_removes_hooks_in_the_nested_dispatch() {
+    // `outer` allocates from its callback (a dispatch inside a dispatch); the nested
+    // malloc_postprocess of `inner` removes every hook. Both dispatches finish on their own
+    // lists, and the lists replaced meanwhile are dropped when the outer one ends.
+    let (pool, _mock, cache) = pool();
+    let pool = Rc::new(pool);
+    let cache = Rc::new(cache);
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let guards: Guards = Rc::default();
+    let g = Rc::clone(&guards);
+    let inner_then: Box<dyn FnOnce()> = Box::new(move || g.borrow_mut().clear());
+    let (p, c) = (Rc::clone(&pool), Rc::clone(&cache));
+    let outer_then: Box<dyn FnOnce()> =
+        Box::new(move || drop(p.malloc(2 * UNIT, ArenaKey::NULL, &c).unwrap()));
+    guards.borrow_mut().push(hooks::install(Scripted::new("outer", &log, Some(outer_then))).unwrap());
+    guards.borrow_mut().push(hooks::install(Scripted::new("inner", &log, Some(inner_then))).unwrap());
+    drop(pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap());
+    // outer's callback allocates: the nested malloc reaches outer (its `then` already taken) and
+    // inner, which removes both; the nested free sees none; the outer dispatch still calls inner.
+    assert_eq!(*log.borrow(), ["outer malloc", "outer malloc", "inner malloc", "inner malloc"]);
+    assert!(hooks::installed().is_empty());
+    assert!(guards.borrow().is_empty());
+    assert_eq!(Rc::strong_count(&log), 1, "every hook was dropped");
+    // No hook is left, and the pool still works.
+    drop(pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap());
+    assert_eq!(log.borrow().len(), 4);
+}
+
+#[test]
+fn a_hook_that_panics_mid_dispatch_leaves_dispatch_working() {
+    struct Panics;
+    impl hooks::MemoryHook for Panics {
+        fn name(&self) -> &str {
+            "Panics"
+        }
+        fn malloc_postprocess(&self, _: &MallocEvent) -> hooks::HookResult {
+            panic!("hook panics");
+        }
+    }
+    let (pool, _mock, cache) = pool();
+    let log = Rc::new(RefCell::new(Vec::new()));
+    let guards: Guards = Rc::default();
+    let g = Rc::clone(&guards);
+    // `first` removes `second` and then `Panics` panics, inside one dispatch.
+    let _first = hooks::install(Scripted::new("first", &log, Some(Box::new(move || g.borrow_mut().clear()))));
+    guards.borrow_mut().push(hooks::install(Scripted::new("second", &log, None)).unwrap());
+    let panics = hooks::install(Panics).unwrap();
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = pool.malloc(UNIT, ArenaKey::NULL, &cache);
+    }));
+    assert!(caught.is_err());
+    assert_eq!(Rc::strong_count(&log), 2, "second was dropped once the dispatch unwound");
+    drop(panics);
+    log.borrow_mut().clear();
+    drop(pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap());
+    assert_eq!(*log.borrow(), ["first malloc", "first free"]);
 }
 
 #[test]
