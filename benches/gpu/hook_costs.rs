@@ -100,7 +100,7 @@ pub(crate) fn arena_lock(report: &mut Report) {
     for _ in 0..3 {
         hit.push(ns_per_iter(9, 200_000, || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()))));
         let p = Arc::clone(&pool);
-        shared.push(median_rate(8, 100_000, Streams::Null, move |_, iters| {
+        shared.push(median_rate(8, 100_000, Streams::Null, None, move |_, iters| {
             for _ in 0..iters {
                 drop(black_box(p.malloc_pooled(black_box(4096)).unwrap()));
             }

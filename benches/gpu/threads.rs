@@ -29,21 +29,11 @@ pub(crate) enum Streams {
     OneShared,
 }
 
-/// Aggregate operations per second (millions) of `threads` threads placed as `streams` says:
-/// `run` does `iters` operations on the calling thread; the rate is the total over the slowest
+/// Aggregate operations per second (millions) of `threads` threads placed as `streams` says,
+/// thread `i` pinned to `cpus[i]` when `cpus` is given (it has a CPU for every thread): `run`
+/// does `iters` operations on the calling thread; the rate is the total over the slowest
 /// thread's time.
 pub(crate) fn threads_rate(
-    threads: usize,
-    iters: u64,
-    streams: Streams,
-    run: impl Fn(Option<&Stream>, u64) + Send + Sync + 'static,
-) -> f64 {
-    threads_rate_on(threads, iters, streams, None, run)
-}
-
-/// [`threads_rate`] with thread `i` pinned to `cpus[i]` when `cpus` is given (and has a CPU for
-/// every thread).
-fn threads_rate_on(
     threads: usize,
     iters: u64,
     streams: Streams,
@@ -136,22 +126,10 @@ pub(crate) fn median_rate(
     threads: usize,
     iters: u64,
     streams: Streams,
-    run: impl Fn(Option<&Stream>, u64) + Clone + Send + Sync + 'static,
-) -> f64 {
-    median_rate_on(threads, iters, streams, None, run)
-}
-
-/// [`median_rate`] with the threads pinned as [`threads_rate_on`] pins them.
-fn median_rate_on(
-    threads: usize,
-    iters: u64,
-    streams: Streams,
     cpus: Option<&[core_affinity::CoreId]>,
     run: impl Fn(Option<&Stream>, u64) + Clone + Send + Sync + 'static,
 ) -> f64 {
-    median(
-        &mut (0..5).map(|_| threads_rate_on(threads, iters, streams, cpus, run.clone())).collect::<Vec<_>>(),
-    )
+    median(&mut (0..5).map(|_| threads_rate(threads, iters, streams, cpus, run.clone())).collect::<Vec<_>>())
 }
 
 pub(crate) fn threads(report: &mut Report) {
@@ -211,36 +189,37 @@ pub(crate) fn threads(report: &mut Report) {
     for n in [1usize, 4, 8] {
         // The loop first and last around gpumem's figure, so a clock that drifts during the run
         // shows in their difference.
-        let loop_before = median_rate(n, 2_000_000, Streams::Own, |_, iters| parallel_loop(iters));
-        let ours = median_rate(n, 2_000_000, Streams::Own, pooled.clone());
-        let ptrs = median_rate(n, 2_000_000, Streams::Own, pointers.clone());
-        let null = median_rate(n, 2_000_000, Streams::Null, pooled.clone());
+        let loop_before = median_rate(n, 2_000_000, Streams::Own, None, |_, iters| parallel_loop(iters));
+        let ours = median_rate(n, 2_000_000, Streams::Own, None, pooled.clone());
+        let ptrs = median_rate(n, 2_000_000, Streams::Own, None, pointers.clone());
+        let null = median_rate(n, 2_000_000, Streams::Null, None, pooled.clone());
         // The null stream's arenas after its runs: threads that kept waiting for its lock moved to
         // lanes of their own.
         let null_arenas =
             pool.stats().arenas.iter().filter(|a| a.arena.stream_key() == ArenaKey::NULL).count();
-        let one = median_rate(n, 2_000_000, Streams::OneShared, pooled.clone());
-        let own = median_rate(n, 2_000_000, Streams::Own, own_pools);
-        let up_front = median_rate(n, 2_000_000, Streams::MadeUpFront, pooled.clone());
-        let sys = median_rate(n, 2_000_000, Streams::Own, system);
-        let loop_after = median_rate(n, 2_000_000, Streams::Own, |_, iters| parallel_loop(iters));
+        let one = median_rate(n, 2_000_000, Streams::OneShared, None, pooled.clone());
+        let own = median_rate(n, 2_000_000, Streams::Own, None, own_pools);
+        let up_front = median_rate(n, 2_000_000, Streams::MadeUpFront, None, pooled.clone());
+        let sys = median_rate(n, 2_000_000, Streams::Own, None, system);
+        let loop_after = median_rate(n, 2_000_000, Streams::Own, None, |_, iters| parallel_loop(iters));
         let looped = (loop_before + loop_after) / 2.0;
         let cpus = order.get(..n);
-        let loop_pinned = median_rate_on(n, 2_000_000, Streams::Own, cpus, |_, iters| parallel_loop(iters));
-        let pinned = median_rate_on(n, 2_000_000, Streams::Own, cpus, pooled.clone());
+        let loop_pinned = median_rate(n, 2_000_000, Streams::Own, cpus, |_, iters| parallel_loop(iters));
+        let pinned = median_rate(n, 2_000_000, Streams::Own, cpus, pooled.clone());
         if n == 1 {
             (single, single_loop, single_null, single_system) = (ours, looped, null, sys);
             (single_pinned, single_loop_pinned) = (pinned, loop_pinned);
         }
-        let anchor = threads_rate(n, if on_host() { 1_000 } else { 100_000 }, Streams::Own, |s, iters| {
-            let h = s.expect("own stream").handle();
-            for _ in 0..iters {
-                // SAFETY: `s` is alive for the loop, so its handle is.
-                let Ok(ptr) = (unsafe { B::malloc_async(dev(), 4096, h) }) else { return };
-                // SAFETY: just allocated on `h`, unused.
-                unsafe { B::free_async(dev(), ptr, h).unwrap() };
-            }
-        });
+        let anchor =
+            threads_rate(n, if on_host() { 1_000 } else { 100_000 }, Streams::Own, None, |s, iters| {
+                let h = s.expect("own stream").handle();
+                for _ in 0..iters {
+                    // SAFETY: `s` is alive for the loop, so its handle is.
+                    let Ok(ptr) = (unsafe { B::malloc_async(dev(), 4096, h) }) else { return };
+                    // SAFETY: just allocated on `h`, unused.
+                    unsafe { B::free_async(dev(), ptr, h).unwrap() };
+                }
+            });
         let label = format!("{n} thread(s)");
         let anchors = [
             ("cuMemAllocAsync, same threads", Some(anchor)),
