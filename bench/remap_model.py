@@ -19,23 +19,13 @@ import bisect
 import os
 import sys
 
+from placement_model import read  # the same trace files
+
 MIB = 1 << 20
 GRANULE = 2 * MIB
 UNIT = 512
 END = 1 << 50
 PIECE = int(os.environ.get("PIECE", str(1 << 40)))
-
-
-def read(path):
-    steps = []
-    with open(path) as f:
-        for line in f:
-            parts = line.split()
-            if parts and parts[0] == "a":
-                steps.append(("a", parts[1], int(parts[2])))
-            elif parts and parts[0] == "f":
-                steps.append(("f", parts[1]))
-    return steps
 
 
 def up(x, m):
