@@ -106,7 +106,7 @@ pub(crate) fn parallel_loop(iters: u64) {
 /// the cores' other hardware threads. Eight threads pinned so run on eight cores wherever the
 /// machine has them, however the scheduler would have placed them. Also the count of cores
 /// (`None` where the topology cannot be read).
-pub(crate) fn cpus_by_core() -> (Vec<core_affinity::CoreId>, Option<usize>) {
+fn cpus_by_core() -> (Vec<core_affinity::CoreId>, Option<usize>) {
     let ids = core_affinity::get_core_ids().unwrap_or_default();
     let read = |cpu: usize, what: &str| -> Option<u32> {
         let path = format!("/sys/devices/system/cpu/cpu{cpu}/topology/{what}");
@@ -285,17 +285,22 @@ pub(crate) fn threads(report: &mut Report) {
                 report.add("threads", label, ours / single, name, Some(value), "x", false);
             }
             // Without a CPU for each thread nothing was pinned: no pinned scaling to show.
-            let pinned_rows = if cpus.is_some() {
-                vec![
-                    ("target", target),
-                    ("the loop sharing nothing, pinned, its scaling", loop_pinned / single_loop_pinned),
-                ]
-            } else {
-                Vec::new()
-            };
-            for (name, value) in pinned_rows {
+            if cpus.is_some() {
                 let label = format!("{n} threads over 1 thread, pinned one per core first (scaling)");
-                report.add("threads", label, pinned / single_pinned, name, Some(value), "x", false);
+                let loop_scaling = loop_pinned / single_loop_pinned;
+                for (name, value) in
+                    [("target", target), ("the loop sharing nothing, pinned, its scaling", loop_scaling)]
+                {
+                    report.add(
+                        "threads",
+                        label.clone(),
+                        pinned / single_pinned,
+                        name,
+                        Some(value),
+                        "x",
+                        false,
+                    );
+                }
             }
             report.add(
                 "threads",
