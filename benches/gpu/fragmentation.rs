@@ -335,6 +335,38 @@ pub(crate) fn print_host_replays(
     }
 }
 
+/// The random trace on one stream from seeds 1 to `n` through the pool alone (no device), each
+/// policy of [`POLICIES`] that keeps streams apart: the spread of held over in use (mean, median,
+/// least, most), the mean of the raw allocations, and where the standard seed's figure ranks
+/// among the seeds'. One seed's figure is one draw: it depends on where the few largest requests
+/// fall among the holes of the moment.
+pub(crate) fn print_seed_sweep(n: u64) {
+    let standard = trace::on_one_stream(&trace::standard_random());
+    println!("random trace on one stream, seeds 1 to {n}: held / in use, and raw allocations");
+    for &(what, policy, raw, share) in POLICIES.iter().filter(|p| !p.3) {
+        let options = trace::ReplayOptions {
+            expandable: raw == Raw::Expandable,
+            share_across_streams: share,
+            marks: Vec::new(),
+        };
+        let replay =
+            |steps: &[trace::Step]| trace::replay_with(steps, policy, options.clone()).expect("replay");
+        let runs: Vec<trace::ReplayStats> = (1..=n).map(|seed| replay(&seed_steps(seed))).collect();
+        let mut ratios: Vec<f64> = runs.iter().map(trace::ReplayStats::ratio).collect();
+        let allocs = runs.iter().map(|r| r.raw_allocs).sum::<usize>() as f64 / runs.len() as f64;
+        let ours = replay(&standard).ratio();
+        let below = ratios.iter().filter(|&&r| r < ours).count();
+        let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "{what:<42} mean {mean:.4}  median {:.4}  least {:.4}  most {:.4}  raw allocations {allocs:>7.1}  standard seed {ours:.4} (below it: {below} of {n})",
+            median(&mut ratios.clone()),
+            ratios[0],
+            ratios[ratios.len() - 1],
+        );
+    }
+}
+
 /// The name of the trace of seed `seed`: its key in anchors.txt and its file, with `.trace`.
 pub(crate) fn seed_trace(seed: u64) -> String {
     format!("random_seed{seed}")

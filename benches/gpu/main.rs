@@ -16,6 +16,7 @@
 //! cargo bench --bench gpu -- --write-seeds DIR              # the other seeds' traces, for them
 //! cargo bench --bench gpu -- --replay-host TRACE            # gpumem's figures without a device
 //! cargo bench --bench gpu -- --replay-seeds                 # the same for every other seed
+//! cargo bench --bench gpu -- --sweep-seeds 50               # seeds 1..=50: each policy's spread
 //! ```
 //!
 //! Nothing here asserts a timing: the output is a report.
@@ -37,7 +38,7 @@ use std::time::Instant;
 
 use crate::allocation::allocation;
 use crate::fragmentation::{
-    fragmentation, later_steps, print_host_replays, seed_steps, seed_trace, POLICIES,
+    fragmentation, later_steps, print_host_replays, print_seed_sweep, seed_steps, seed_trace, POLICIES,
 };
 use crate::graphs::graphs;
 use crate::hook_costs::{arena_lock, hook_costs};
@@ -82,6 +83,12 @@ fn main() {
         for seed in trace::OTHER_SEEDS {
             print_host_replays(&format!("seed {seed}  "), &seed_steps(seed), &[], &policies);
         }
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--sweep-seeds") {
+        // What one seed's figure is worth: each policy over many seeds, without a device.
+        let n = args.get(i + 1).and_then(|n| n.parse().ok()).expect("--sweep-seeds N (a count)");
+        print_seed_sweep(n);
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--replay-host") {
