@@ -13,7 +13,7 @@
 //! cargo bench --features cuda --bench gpu                  # on an NVIDIA GPU
 //! cargo bench --bench gpu                                  # the same program on the host backend
 //! cargo bench --bench gpu -- --write-trace random.trace    # the random trace, for the anchors
-//! cargo bench --bench gpu -- --write-seeds DIR              # the other seeds' traces, for them
+//! cargo bench --bench gpu -- --write-seeds DIR [N]          # the other seeds' (or 1..=N) traces
 //! cargo bench --bench gpu -- --replay-host TRACE            # gpumem's figures without a device
 //! cargo bench --bench gpu -- --replay-seeds                 # the same for every other seed
 //! cargo bench --bench gpu -- --sweep-seeds 50               # seeds 1..=50: each policy's spread
@@ -68,9 +68,14 @@ fn main() {
         return;
     }
     if let Some(i) = args.iter().position(|a| a == "--write-seeds") {
-        // The other seeds' traces, already on one stream, for the anchors to replay.
-        let dir = args.get(i + 1).expect("--write-seeds DIR");
-        for seed in trace::OTHER_SEEDS {
+        // The other seeds' traces, already on one stream, for the anchors to replay; with a
+        // count N, seeds 1 to N (for bench/seed_sweep.py).
+        let dir = args.get(i + 1).expect("--write-seeds DIR [N]");
+        let seeds: Vec<u64> = match args.get(i + 2).and_then(|n| n.parse::<u64>().ok()) {
+            Some(n) => (1..=n).collect(),
+            None => trace::OTHER_SEEDS.to_vec(),
+        };
+        for seed in seeds {
             let path = format!("{dir}/{}.trace", seed_trace(seed));
             std::fs::write(&path, trace::render(&seed_steps(seed))).expect("write the trace");
         }
