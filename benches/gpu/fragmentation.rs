@@ -358,11 +358,10 @@ pub(crate) fn print_seed_sweep(n: u64) {
         let below = ratios.iter().filter(|&&r| r < ours).count();
         let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
         ratios.sort_by(f64::total_cmp);
+        let (least, most) = (ratios[0], ratios[ratios.len() - 1]);
         println!(
-            "{what:<42} mean {mean:.4}  median {:.4}  least {:.4}  most {:.4}  raw allocations {allocs:>7.1}  standard seed {ours:.4} (below it: {below} of {n})",
-            median(&mut ratios.clone()),
-            ratios[0],
-            ratios[ratios.len() - 1],
+            "{what:<42} mean {mean:.4}  median {:.4}  least {least:.4}  most {most:.4}  raw allocations {allocs:>7.1}  standard seed {ours:.4} (below it: {below} of {n})",
+            median(&mut ratios),
         );
     }
 }
