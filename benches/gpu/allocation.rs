@@ -4,36 +4,18 @@ use std::collections::HashMap;
 use std::hint::black_box;
 
 use gpumem::core::{MemoryOps, StreamOps};
-use gpumem::{DefaultBackend as B, SingleDeviceMemoryPool, Stream};
+use gpumem::{DefaultBackend as B, Stream};
 
 use crate::report::Report;
-use crate::timing::{bench_cpu, dev, median, ns_per_iter, on_host, SIZES};
-
-/// Heap placements the cache hit is measured in: each pool is made, and its arena with it, after
-/// a buffer 256 bytes longer than the one before (the first after none). The same hit on one CPU
-/// in one binary takes up to half as long again in some placements of its arena's data as in
-/// others (on the host backend, 25 ns in most and 34 to 42 ns in a few, depending only on what
-/// was allocated before the pool), so a figure from one pool is a draw: the rows give the median
-/// over the placements, and the log each placement's figure.
-const PLACEMENTS: usize = 16;
+use crate::timing::{bench_cpu, dev, median, ns_per_iter, on_host, placed_pools, PLACEMENTS, SIZES};
 
 /// gpumem's cache hit at each of [`SIZES`] on the current thread's stream: the pool's own path
 /// (`malloc_pooled`) and the pointer path (`malloc`), each the median over [`PLACEMENTS`] pools
 /// of the median of its rounds. The pools, sizes and paths are interleaved round by round, so
 /// that a drifting clock treats them alike.
 fn hits() -> (HashMap<usize, f64>, HashMap<usize, f64>) {
-    let mut pads = Vec::with_capacity(PLACEMENTS);
-    let pools: Vec<SingleDeviceMemoryPool> = (0..PLACEMENTS)
-        .map(|k| {
-            pads.push(black_box(vec![0u8; 256 * k]));
-            let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
-            // Each pool's arena and blocks are made now, right after its buffer.
-            for (_, size) in SIZES {
-                drop(pool.malloc_pooled(size).unwrap());
-            }
-            pool
-        })
-        .collect();
+    let sizes = SIZES.map(|(_, size)| size);
+    let (pools, pads) = placed_pools(&sizes);
     let mut pooled: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
     let mut pointer: HashMap<(usize, usize), Vec<f64>> = HashMap::new();
     for _ in 0..3 {

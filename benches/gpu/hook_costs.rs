@@ -9,27 +9,40 @@ use gpumem::{hooks, DebugPrintHook, SingleDeviceMemoryPool};
 use crate::report::Report;
 use crate::threads::median_rate;
 use crate::threads::Streams;
-use crate::timing::{bench_cpu, dev, median, ns_per_iter, on_bench_cpu};
+use crate::timing::{bench_cpu, dev, median, ns_per_iter, on_bench_cpu, placed_pools, PLACEMENTS};
 
 pub(crate) fn hook_costs(report: &mut Report) {
     eprintln!("hooks (the hit with and without DebugPrintHook on CPU {})", bench_cpu());
+    // The hooked and unhooked hits on the single-thread rows' CPU, in the allocation rows' heap
+    // placements (`placed_pools`), pool by pool and round by round (the hook installed for
+    // every other measurement), so that neither a move to another CPU, a drifting clock nor a
+    // slow placement falls on one of them alone. Each pool's figures are the median of 3 rounds
+    // of 100,000 pairs; the rows give the median over the pools of each, and of each pool's
+    // hooked over unhooked.
+    let (bare, with_hook, hooked_over_bare) = on_bench_cpu(|| {
+        let (pools, pads) = placed_pools(&[512]);
+        let (mut bare, mut hooked) = (vec![Vec::new(); PLACEMENTS], vec![Vec::new(); PLACEMENTS]);
+        for _ in 0..3 {
+            for (k, pool) in pools.iter().enumerate() {
+                let hit = || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()));
+                bare[k].push(ns_per_iter(1, 100_000, hit));
+                let hook = hooks::install(DebugPrintHook::with_flush(BufWriter::new(std::io::sink()), false))
+                    .unwrap();
+                hooked[k].push(ns_per_iter(1, 100_000, hit));
+                drop(hook);
+            }
+        }
+        drop(pools);
+        drop(pads);
+        let mut bare: Vec<f64> = bare.iter_mut().map(|r| median(r)).collect();
+        let mut hooked: Vec<f64> = hooked.iter_mut().map(|r| median(r)).collect();
+        let mut ratios: Vec<f64> = hooked.iter().zip(&bare).map(|(h, b)| h / b).collect();
+        let each: Vec<String> = bare.iter().zip(&hooked).map(|(b, h)| format!("{b:.1}/{h:.1}")).collect();
+        eprintln!("  unhooked/hooked ns in each of {PLACEMENTS} heap placements: {}", each.join(" "));
+        (median(&mut bare), median(&mut hooked), median(&mut ratios))
+    });
     let pool = SingleDeviceMemoryPool::new(dev()).unwrap();
     drop(pool.malloc_pooled(512).unwrap());
-    let hit = || drop(black_box(pool.malloc_pooled(black_box(512)).unwrap()));
-    // The hooked and unhooked hits on the single-thread rows' CPU, round by round (the hook
-    // installed for every other round), so that neither a move to another CPU nor a drifting
-    // clock falls on one of them alone: the median of 11 rounds of 200,000 pairs each.
-    let (bare, with_hook) = on_bench_cpu(|| {
-        let (mut bare, mut hooked) = (Vec::new(), Vec::new());
-        for _ in 0..11 {
-            bare.push(ns_per_iter(1, 200_000, hit));
-            let hook =
-                hooks::install(DebugPrintHook::with_flush(BufWriter::new(std::io::sink()), false)).unwrap();
-            hooked.push(ns_per_iter(1, 200_000, hit));
-            drop(hook);
-        }
-        (median(&mut bare), median(&mut hooked))
-    });
     // Two events (malloc, free) per cache-hit pair.
     let events_per_s = 2.0 / (with_hook * 1e-9) / 1e6;
     report.add(
@@ -69,7 +82,7 @@ pub(crate) fn hook_costs(report: &mut Report) {
     report.add(
         "hooks",
         "hooked cache hit over the unhooked one",
-        with_hook / bare,
+        hooked_over_bare,
         "target",
         Some(2.5),
         "x",
