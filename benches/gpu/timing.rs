@@ -1,9 +1,8 @@
 //! How the rows are timed: medians of batches, device time between events, the host clock, and the
 //! CPU the single-thread rows run on.
 
-use std::time::Instant;
-
 use std::hint::black_box;
+use std::time::Instant;
 
 use gpumem::{DefaultBackend as B, DeviceId, SingleDeviceMemoryPool, Stream};
 
