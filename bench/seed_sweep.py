@@ -20,8 +20,7 @@ import anchors
 
 def traces(directory, n):
     for seed in range(1, n + 1):
-        steps, marks = anchors.read_trace(os.path.join(directory, f"random_seed{seed}.trace"))
-        yield seed, steps, marks
+        yield anchors.read_trace(os.path.join(directory, f"random_seed{seed}.trace"))
 
 
 def torch_child(directory, n, out_path):
@@ -30,7 +29,7 @@ def torch_child(directory, n, out_path):
 
     streams = [torch.cuda.default_stream()]
     out = []
-    for _, steps, marks in traces(directory, n):
+    for steps, marks in traces(directory, n):
         r = anchors.torch_replay_once(steps, marks, anchors.peak_in_use(steps), streams)
         out.append({"ratio": r["ratio"], "allocs": r["allocs"]})
     with open(out_path, "w") as f:
@@ -43,7 +42,7 @@ def cupy_runs(directory, n):
     streams = [cp.cuda.Stream.null]
     return [
         anchors.cupy_replay_once(steps, marks, anchors.peak_in_use(steps), streams)
-        for _, steps, marks in traces(directory, n)
+        for steps, marks in traces(directory, n)
     ]
 
 

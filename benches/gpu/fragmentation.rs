@@ -308,6 +308,16 @@ pub(crate) fn seed_steps(seed: u64) -> Vec<trace::Step> {
     trace::on_one_stream(&trace::random_seeded(seed))
 }
 
+/// How a host replay sets up its pool for one of gpumem's configurations, counting raw calls
+/// from each of `marks` on.
+fn replay_options(raw: Raw, share: bool, marks: &[usize]) -> trace::ReplayOptions {
+    trace::ReplayOptions {
+        expandable: raw == Raw::Expandable,
+        share_across_streams: share,
+        marks: marks.to_vec(),
+    }
+}
+
 /// The host replay of `steps` (no device: ratio and raw calls depend only on the pool's rules and
 /// the trace) with each of `policies`, a line each, after `prefix`.
 pub(crate) fn print_host_replays(
@@ -317,12 +327,7 @@ pub(crate) fn print_host_replays(
     policies: &[(&str, GrowthPolicy, Raw, bool)],
 ) {
     for &(what, policy, raw, share) in policies {
-        let options = trace::ReplayOptions {
-            expandable: raw == Raw::Expandable,
-            share_across_streams: share,
-            marks: marks.to_vec(),
-        };
-        let r = trace::replay_with(steps, policy, options).expect("replay");
+        let r = trace::replay_with(steps, policy, replay_options(raw, share, marks)).expect("replay");
         let step = |k: usize| r.raw_calls_in_steps.get(k).map_or("-".into(), usize::to_string);
         let (second, later) = (step(0), step(1));
         println!(
@@ -344,13 +349,9 @@ pub(crate) fn print_seed_sweep(n: u64) {
     let standard = trace::on_one_stream(&trace::standard_random());
     println!("random trace on one stream, seeds 1 to {n}: held / in use, and raw allocations");
     for &(what, policy, raw, share) in POLICIES.iter().filter(|p| !p.3) {
-        let options = trace::ReplayOptions {
-            expandable: raw == Raw::Expandable,
-            share_across_streams: share,
-            marks: Vec::new(),
+        let replay = |steps: &[trace::Step]| {
+            trace::replay_with(steps, policy, replay_options(raw, share, &[])).expect("replay")
         };
-        let replay =
-            |steps: &[trace::Step]| trace::replay_with(steps, policy, options.clone()).expect("replay");
         let runs: Vec<trace::ReplayStats> = (1..=n).map(|seed| replay(&seed_steps(seed))).collect();
         let mut ratios: Vec<f64> = runs.iter().map(trace::ReplayStats::ratio).collect();
         let allocs = runs.iter().map(|r| r.raw_allocs).sum::<usize>() as f64 / runs.len() as f64;
