@@ -9,9 +9,10 @@
 //! tail of each growing block: that one is lent only by the miss path, when nothing in the index
 //! fits (see [`ArenaState::take_with_tail`]).
 
+use crate::error::Error;
 use crate::hal::types::DevicePtr;
 
-use super::raw::RawBlock;
+use super::raw::{self, RawBlock};
 
 use super::index::{bin_for, FreeIndex, MIN_SLOTS, NIL};
 use super::policy;
@@ -769,9 +770,21 @@ impl<K: RawBlock> ArenaState<K> {
         let Some(block) = self.growable[policy::class(size, self.segmented)] else { return Ok(false) };
         let Some(last) = self.last_chunk(block) else { return Ok(false) };
         let Some(mem) = self.blocks[block as usize].as_mut() else { return Ok(false) };
+        let (address, before, device) = (mem.address(), mem.size(), mem.device());
         if !grow(mem)? {
             return Ok(false);
         }
+        // The allocator is safe code: a growth it reports is checked as a new block is (VM07).
+        let Some(size) = before.checked_add(extra) else {
+            return Err(Error::InvalidRawBlock {
+                requested: usize::MAX,
+                device,
+                address: mem.address(),
+                size: mem.size(),
+                block_device: mem.device(),
+            });
+        };
+        raw::check_resized(&*mem, address, device, size)?;
         self.counters.on_reserve(extra, false);
         self.counters.misses += 1;
         let c = self.chunks[last as usize];
@@ -813,19 +826,23 @@ impl<K: RawBlock> ArenaState<K> {
                 continue;
             }
             let Some(mem) = self.blocks[c.block as usize].as_mut() else { continue };
-            let base = mem.address();
+            let (base, before) = (mem.address(), mem.size());
             let end = c.ptr + c.size;
             let keep = (c.ptr - base).next_multiple_of(granule);
             let asked = (end - base).saturating_sub(keep);
             if asked == 0 {
                 continue;
             }
-            // An allocator may give back less than asked, never more; whole granules.
-            let cut = shrink(mem, asked).min(asked);
+            shrink(mem, asked);
+            // The allocator is safe code, so the block's own size decides what is still lent, not
+            // the count it returned (VM07's shrinking twin): a tail it unmapped while reporting
+            // less is not lent again, and one it kept while reporting more stays lendable. A block
+            // that moved keeps no part of its free tail.
+            let cut =
+                if mem.address() == base { before.saturating_sub(mem.size()).min(c.size) } else { c.size };
             if cut == 0 {
                 continue;
             }
-            debug_assert!(cut.is_multiple_of(granule));
             self.counters.on_unreserve(cut, false);
             self.unmark_free(slot);
             if cut == c.size {

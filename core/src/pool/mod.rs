@@ -920,6 +920,9 @@ impl<R: RawAllocator> Pool<R> {
     /// `key` (CuPy's `free_all_blocks(stream=None)`). Arenas left with no memory at all are
     /// dropped from the pool.
     pub fn free_all_blocks(&self, key: Option<ArenaKey>) {
+        // Chunks whose fences have completed (those lent across streams, for one) are free now:
+        // settled first, their blocks go back too rather than at the next miss.
+        self.collect_fenced(false);
         let arenas: Vec<(ArenaKey, Arc<Arena<R>>)> = {
             let map = self.arenas.lock();
             match key {
@@ -1003,9 +1006,12 @@ impl<R: RawAllocator> Pool<R> {
         arenas.iter().map(|a| f(&a.state.lock())).sum()
     }
 
-    /// Bytes lent out (rounded sizes), chunks waiting for a fence included.
+    /// Bytes lent out (rounded sizes), chunks waiting for a fence included. Chunks whose fences
+    /// have completed are given back first, so that once every stream's work has run nothing
+    /// freed is counted (with sharing across streams, every chunk lent across comes back fenced).
     #[must_use]
     pub fn used_bytes(&self) -> usize {
+        self.collect_fenced(false);
         self.sum_arenas(|st| st.used_bytes)
     }
 
@@ -1087,6 +1093,8 @@ impl<R: RawAllocator> Pool<R> {
     /// so under concurrent allocation the arenas are read at slightly different moments.
     #[must_use]
     pub fn stats(&self) -> PoolStats {
+        // As `used_bytes`: completed fences are settled first.
+        self.collect_fenced(false);
         let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
         let mut sum = *self.shared.retired.lock();
         let (mut used, mut lent) = (0u64, 0u64);
