@@ -73,7 +73,8 @@ const char *gpumem_version(void);
 int gpumem_set_limit(int device, size_t bytes);
 int gpumem_set_limit_fraction(int device, double fraction);
 int gpumem_get_limit(int device, size_t *bytes);
-/* "cache_until_out_of_memory" (default), "release_before_grow", "hold_peak_in_use" or "segments". */
+/* "cache_until_out_of_memory", "release_before_grow", "hold_peak_in_use" or "segments" (default;
+   its blocks grow in place where the backend has virtual memory, unless GPUMEM_EXPANDABLE_SEGMENTS=0). */
 int gpumem_set_growth_policy(int device, const char *name);
 const char *gpumem_get_growth_policy(int device);
 

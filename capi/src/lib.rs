@@ -31,6 +31,7 @@ use std::fs::File;
 
 use gpumem::{hooks, DebugPrintHook, GrowthPolicy, HookGuard, Limit};
 
+mod defaults;
 mod ffi;
 mod pool;
 mod registry;
@@ -264,11 +265,11 @@ const POLICIES: [(&CStr, GrowthPolicy); 4] = [
     (c"segments", GrowthPolicy::Segments),
 ];
 
-/// Sets how `device`'s pool grows, by name: `"cache_until_out_of_memory"` (CuPy's rule, the
-/// default: cached blocks stay until an allocation fails), `"release_before_grow"` (release
-/// cached whole blocks before each new one), `"hold_peak_in_use"` (hold little more than the
-/// most memory in use at once, at the price of raw calls on misses) or `"segments"` (size-classed
-/// blocks that settle: see `GrowthPolicy::Segments`).
+/// Sets how `device`'s pool grows, by name: `"cache_until_out_of_memory"` (CuPy's rule: cached
+/// blocks stay until an allocation fails), `"release_before_grow"` (release cached whole blocks
+/// before each new one), `"hold_peak_in_use"` (hold little more than the most memory in use at
+/// once, at the price of raw calls on misses) or `"segments"` (size-classed blocks that settle:
+/// see `GrowthPolicy::Segments`; the ABI's default, with growing blocks, see module `defaults`).
 ///
 /// Returns 0, or -1 with [`gpumem_last_error`] set (unknown name or device). Thread-safe.
 ///

@@ -10,19 +10,20 @@ use std::sync::{Arc, OnceLock};
 use gpumem::core::pool::counting::{Counting, Counts};
 use gpumem::{DefaultBackend, Device, DeviceGuard, DeviceId, DevicePtr, ExternalStream, Stream, StreamGuard};
 
+use crate::defaults::{self, AbiAllocator};
 use crate::ffi::{fail, Failure};
 use crate::registry::{registry, Entry, FreeRequest, StreamId};
 
-/// The pool every entry point allocates from: one per process, on the runtime's allocator
-/// wrapped to count driver calls; each device's pool honours `GPUMEM_GPU_MEMORY_LIMIT` and
-/// `GPUMEM_EXPANDABLE_SEGMENTS`.
+/// The pool every entry point allocates from: one per process, on the ABI's default allocator
+/// and policy (module `defaults`) wrapped to count driver calls; each device's pool honours
+/// `GPUMEM_GPU_MEMORY_LIMIT` and `GPUMEM_EXPANDABLE_SEGMENTS`.
 pub(crate) fn pool() -> &'static AbiPool {
     static POOL: OnceLock<AbiPool> = OnceLock::new();
     POOL.get_or_init(|| {
-        AbiPool::with_allocator(Counting::with_counts(
-            gpumem::DeviceAllocator::default(),
-            Arc::clone(raw_counts()),
-        ))
+        let pool =
+            AbiPool::with_allocator(Counting::with_counts(AbiAllocator::default(), Arc::clone(raw_counts())));
+        pool.set_growth_policy(defaults::GROWTH_POLICY);
+        pool
     })
 }
 
@@ -47,11 +48,11 @@ pub(crate) fn raw_counts() -> &'static Arc<Counts> {
     RAW.get_or_init(Arc::default)
 }
 
-/// The runtime's device allocator (fixed blocks, or growing ones with
-/// `GPUMEM_EXPANDABLE_SEGMENTS`), counting each raw allocation and free into [`raw_counts`], a
+/// The runtime's device allocator (growing blocks unless `GPUMEM_EXPANDABLE_SEGMENTS=0` or the
+/// backend has no virtual memory), counting each raw allocation and free into [`raw_counts`], a
 /// growth as an allocation and a shrink as a free (as PyTorch counts its expandable segments'
 /// maps and unmaps).
-pub(crate) type CountingAllocator = Counting<gpumem::DeviceAllocator>;
+pub(crate) type CountingAllocator = Counting<AbiAllocator>;
 
 thread_local! {
     /// The last foreign stream this thread allocated or freed on: wrapping a raw handle makes a

@@ -19,6 +19,9 @@ fn stats(device: i32) -> GpumemStats {
 #[cfg_attr(any(feature = "cuda", feature = "hip"), ignore = "needs a GPU")]
 fn the_variable_gives_the_abi_growing_blocks() {
     std::env::set_var("GPUMEM_EXPANDABLE_SEGMENTS", "1");
+    // CuPy's rule: a first block of the request's size, so the second request grows it.
+    // SAFETY: a NUL-terminated string.
+    assert_eq!(unsafe { gpumem_set_growth_policy(0, c"cache_until_out_of_memory".as_ptr()) }, 0);
     // SAFETY: the null stream.
     let a = unsafe { gpumem_torch_malloc(3 << 20, 0, std::ptr::null_mut()) };
     // SAFETY: as above.
