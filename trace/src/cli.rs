@@ -5,6 +5,7 @@ use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
 use crate::plot::{self, ColorBy, PlotOptions};
+use crate::recommend;
 use crate::replay::{self, ReplayOptions};
 use crate::{format, import, Error, Result, Timeline, Trace};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -59,6 +60,16 @@ enum Command {
         /// Lend free memory across the trace's streams, as GPUMEM_SHARE_ACROSS_STREAMS=1 does.
         #[arg(long)]
         share_across_streams: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replays the trace through every growth policy, with fixed blocks and with expandable
+    /// segments (and sharing across streams for a trace of several), and names the set-up that
+    /// holds the least without buying it with raw calls, with what each costs.
+    Recommend {
+        /// The trace (`-` for standard input).
+        file: PathBuf,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -220,6 +231,20 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                         r.lent_across_streams
                     )?;
                 }
+            }
+        }
+        Command::Recommend { file, json } => {
+            let steps = replay::steps(&Timeline::new(&read_trace(&file)?));
+            let r = recommend::recommend(&steps)?;
+            if json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&r).expect("the recommendation serialises")
+                )?;
+            } else {
+                writeln!(out, "{} steps replayed on the host backend\n", steps.len())?;
+                write!(out, "{}", r.render())?;
             }
         }
         Command::Stats { file, top, json } => {

@@ -67,6 +67,7 @@ pub mod error;
 pub mod format;
 pub mod import;
 pub mod plot;
+pub mod recommend;
 pub mod replay;
 
 pub use analysis::{Allocation, Stats, Timeline};
