@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::hal::types::DevicePtr;
+use crate::hooks::AllocEvent;
 
 /// A block the mock hands out: an address range, recorded as live until dropped.
 struct MockBlock {
