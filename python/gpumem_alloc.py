@@ -160,6 +160,10 @@ def use_in_pytorch(lib_path=None, growth_policy=None, limit=None):
     """Makes gpumem PyTorch's CUDA allocator (torch.cuda.memory.CUDAPluggableAllocator). Call it
     before PyTorch allocates GPU memory: PyTorch refuses to swap an allocator in use.
 
+    With growth_policy=None the pool keeps the C ABI's default, "segments" with blocks that grow in
+    place (GPUMEM_EXPANDABLE_SEGMENTS=0 turns growing off): the set-up that held the least on the
+    programs measured (BENCHMARKS.md); `gpumem-trace recommend TRACE` names the best for yours.
+
     PyTorch's statistics (memory_reserved, memory_stats) are not available with a pluggable
     allocator; read gpumem's with stats(). PyTorch does not check an allocation for failure, so an
     out-of-memory shows later as an illegal address; stats()["n_failed_mallocs"] counts them."""
