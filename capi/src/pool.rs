@@ -113,7 +113,7 @@ fn check_stream(ptr: usize) -> Result<(), Failure> {
              (0, 1, 2 or a stream created and not destroyed)"
         );
     }
-    if ptr < LOWEST_GPU_HANDLE || ptr % std::mem::align_of::<usize>() != 0 {
+    if ptr < LOWEST_GPU_HANDLE || !ptr.is_multiple_of(std::mem::align_of::<usize>()) {
         return fail!("stream 0x{ptr:x} cannot be a stream handle (0, 1, 2 or a stream the runtime created)");
     }
     Ok(())
