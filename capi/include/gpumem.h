@@ -15,6 +15,11 @@
  * - Streams are raw handles: 0 (null stream), 1 (legacy), 2 (per-thread) or a live stream.
  *   An allocation comes from its stream's arena; a chunk freed on another stream is reused only
  *   after the allocation's stream is made to wait for the freeing stream's work.
+ *   A handle that cannot be live fails the call (NULL, or a free that frees nothing) with an
+ *   error: on the host backend anything but 0, 1, 2 and a stream created and not destroyed; on
+ *   CUDA and HIP a value below 4096 or not aligned to a pointer. CUDA and HIP cannot tell
+ *   whether an aligned handle is live without dereferencing it: passing a destroyed stream or
+ *   another object's address there is undefined behaviour, as in CUDA itself.
  */
 #ifndef GPUMEM_H
 #define GPUMEM_H

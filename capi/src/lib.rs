@@ -16,7 +16,11 @@
 //!   per-thread default stream, or a stream the caller created). An allocation comes from its
 //!   stream's arena, so memory is reused in that stream's order. A chunk freed on another stream
 //!   than its allocation's is returned only after later work on the allocation's stream is made
-//!   to wait for the freeing stream's work so far.
+//!   to wait for the freeing stream's work so far. A handle that cannot be a live stream is
+//!   refused with an error before anything uses it: on the host backend any value but 0, 1, 2
+//!   and a stream created and not yet destroyed; on CUDA and HIP a value below 4096 or not
+//!   aligned to a pointer. CUDA and HIP cannot say whether an aligned handle is live without
+//!   dereferencing it, so a destroyed stream, or another object's address, is not detected there.
 //! - **Freeing by address.** The ABI keeps each lent chunk under its address in a sharded map,
 //!   outside the pool's own hot path. A free of an address the ABI did not lend (or already took
 //!   back, or that points inside a chunk) fails with a message and frees nothing. As with any
@@ -89,8 +93,9 @@ pub struct GpumemStats {
 /// order. Size 0 returns null and is not an error (as PyTorch's own allocator; PyTorch never
 /// frees a null pointer).
 ///
-/// Errors: null, with [`gpumem_last_error`] set (negative size, unknown device, out of memory or
-/// over the limit, with CuPy's message). PyTorch does not check the result for null, so with
+/// Errors: null, with [`gpumem_last_error`] set (negative size, unknown device, a stream handle
+/// that cannot be live (see "Streams" above), out of memory or over the limit, with CuPy's
+/// message). PyTorch does not check the result for null, so with
 /// PyTorch an allocation failure surfaces later as an illegal address; keep a limit below the
 /// device's memory or check the error counters ([`gpumem_get_stats`]).
 ///
@@ -100,7 +105,8 @@ pub struct GpumemStats {
 /// # Safety
 ///
 /// `stream` is 0, 1, 2 or a live stream handle created on `device`, and stays live until every
-/// chunk allocated on it is freed.
+/// chunk allocated on it is freed. Handles that cannot be live are refused (see "Streams" above);
+/// on CUDA and HIP a destroyed stream's handle is not detected.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_torch_malloc(size: isize, device: c_int, stream: CudaStream) -> *mut c_void {
     call("gpumem_torch_malloc", std::ptr::null_mut(), || {
@@ -124,14 +130,16 @@ pub unsafe extern "C" fn gpumem_torch_malloc(size: isize, device: c_int, stream:
 ///
 /// Errors: nothing is freed and [`gpumem_last_error`] is set when `ptr` is not an address gpumem
 /// lent (a wrong address, a double free, a pointer inside a chunk), or `size` or `device` differ
-/// from the allocation's. A negative `size` skips the size check.
+/// from the allocation's, or `stream` cannot be a live stream (see "Streams" above; the chunk
+/// stays lent). A negative `size` skips the size check.
 ///
 /// Thread-safe; any thread may free a chunk.
 ///
 /// # Safety
 ///
-/// `stream` and the allocation's stream are live (as for [`gpumem_torch_malloc`]); nothing uses
-/// the memory after its last use on `stream`.
+/// `stream` and the allocation's stream are live (as for [`gpumem_torch_malloc`]; on the host
+/// backend both are checked, on CUDA and HIP only that they can be handles); nothing uses the
+/// memory after its last use on `stream`.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_torch_free(ptr: *mut c_void, size: isize, device: c_int, stream: CudaStream) {
     call("gpumem_torch_free", (), || {

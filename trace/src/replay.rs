@@ -91,7 +91,8 @@ pub fn steps(timeline: &Timeline) -> Vec<Step> {
     by_step.into_iter().flatten().collect()
 }
 
-/// Peak requested bytes in use over `steps`: what any allocator must hold at least.
+/// Peak requested bytes in use over `steps`: what any allocator must hold at least (saturating
+/// at `u64::MAX`, beyond any memory a replay can have held).
 #[must_use]
 pub fn peak_in_use(steps: &[Step]) -> u64 {
     let mut live = HashMap::new();
@@ -100,10 +101,10 @@ pub fn peak_in_use(steps: &[Step]) -> u64 {
         match *step {
             Step::Alloc { id, size, .. } => {
                 live.insert(id, size as u64);
-                used += size as u64;
+                used = used.saturating_add(size as u64);
                 peak = peak.max(used);
             }
-            Step::Free { id } => used -= live.remove(&id).unwrap_or(0),
+            Step::Free { id } => used = used.saturating_sub(live.remove(&id).unwrap_or(0)),
         }
     }
     peak

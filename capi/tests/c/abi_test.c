@@ -60,6 +60,20 @@ int main(void) {
     CHECK(gpumem_last_error() == NULL);
     CHECK(stats(0).n_cross_stream_frees - before.n_cross_stream_frees == 1);
 
+    /* Handles that cannot be live streams are refused before use, and a refused free keeps the
+     * chunk lent (CA08-CA10). */
+    CHECK(gpumem_torch_malloc(512, 0, (cudaStream_t)0xdeadbeef) == NULL);
+    CHECK(gpumem_last_error() != NULL && strstr(gpumem_last_error(), "stream 0xdeadbeef") != NULL);
+    CHECK(gpumem_torch_malloc(512, 0, (cudaStream_t)3) == NULL && gpumem_last_error() != NULL);
+    void *b = gpumem_torch_malloc(512, 0, (cudaStream_t)0);
+    CHECK(b != NULL);
+    uint64_t live = stats(0).n_live;
+    gpumem_torch_free(b, 512, 0, (cudaStream_t)0x4000);
+    CHECK(gpumem_last_error() != NULL && strstr(gpumem_last_error(), "stream 0x4000") != NULL);
+    CHECK(stats(0).n_live == live);
+    gpumem_torch_free(b, 512, 0, (cudaStream_t)0);
+    CHECK(gpumem_last_error() == NULL && stats(0).n_live == live - 1);
+
     /* CuPy's entry points. */
     void *c = gpumem_cupy_malloc(NULL, 24, 0);
     CHECK(c != NULL);

@@ -52,6 +52,16 @@ pub(crate) fn vmm_calls_on_this_thread() -> [usize; 4] {
     vmm::calls_on_this_thread()
 }
 
+/// Whether `handle` is a stream handle of the host backend that can be used now: 0, 1, 2 (the
+/// null, legacy and per-thread default streams) or a stream created and not yet destroyed.
+///
+/// The C ABI checks foreign handles with it before using them. The answer holds only while
+/// nothing destroys the stream: it does not keep it alive.
+#[must_use]
+pub fn is_live_stream(handle: usize) -> bool {
+    handle <= 2 || worker::is_live(handle)
+}
+
 use std::sync::Arc;
 
 use crate::error::Result;

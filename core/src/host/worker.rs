@@ -65,6 +65,17 @@ fn registry() -> &'static Mutex<Vec<Weak<Worker>>> {
     WORKERS.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// Whether `raw` is the handle of a live stream: a worker's `Arc::into_raw` value (as
+/// `stream_create` returns it) that is not shut down (its thread may still hold it briefly after
+/// `stream_destroy`).
+pub(crate) fn is_live(raw: usize) -> bool {
+    lock(registry())
+        .iter()
+        .filter(|w| w.as_ptr() as usize == raw)
+        .filter_map(Weak::upgrade)
+        .any(|w| !lock(&w.state).shutdown)
+}
+
 /// Locks a mutex, ignoring poison: every critical section here leaves the state consistent (no
 /// user code runs while a lock is held).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
