@@ -32,8 +32,20 @@ use std::fs::File;
 use gpumem::{hooks, DebugPrintHook, GrowthPolicy, HookGuard, Limit};
 
 mod ffi;
+mod oom;
 mod pool;
+mod record_stream;
+mod recorder;
 mod registry;
+mod snapshot;
+mod summary;
+mod text;
+
+pub use oom::{gpumem_add_oom_observer, gpumem_clear_oom_observers, GpumemOomObserver};
+pub use record_stream::gpumem_record_stream;
+pub use recorder::{gpumem_recorder_start, gpumem_recorder_stop};
+pub use snapshot::{gpumem_export_snapshot, gpumem_snapshot_json};
+pub use summary::{gpumem_memory_stats, gpumem_memory_summary, gpumem_reset_peak_stats};
 
 use ffi::{call, fail, Failure};
 use registry::{registry, FreeRequest, FAILED};
