@@ -162,8 +162,9 @@ pub unsafe extern "C" fn gpumem_torch_free(ptr: *mut c_void, size: isize, device
 /// and wait on events as with CuPy's pool.
 ///
 /// Errors: null with [`gpumem_last_error`] set. CuPy 14 does not check the result, so a bare
-/// `CFunctionAllocator` would take null as memory; `python/gpumem_alloc.py`'s `use_in_cupy` wraps
-/// it to raise `OutOfMemoryError` with gpumem's message instead.
+/// `CFunctionAllocator` would take null as memory; the Python package `gpumem_runtime` (and
+/// `scripts/capi/gpumem_alloc.py`'s `use_in_cupy`) wraps it to raise `OutOfMemoryError` with
+/// gpumem's message instead.
 ///
 /// Thread-safe.
 ///
