@@ -37,8 +37,20 @@ use gpumem::{hooks, DebugPrintHook, GrowthPolicy, HookGuard, Limit};
 
 mod defaults;
 mod ffi;
+mod oom;
 mod pool;
+mod record_stream;
+mod recorder;
 mod registry;
+mod snapshot;
+mod summary;
+mod text;
+
+pub use oom::{gpumem_add_oom_observer, gpumem_clear_oom_observers, GpumemOomObserver};
+pub use record_stream::gpumem_record_stream;
+pub use recorder::{gpumem_recorder_start, gpumem_recorder_stop};
+pub use snapshot::{gpumem_export_snapshot, gpumem_snapshot_json};
+pub use summary::{gpumem_memory_stats, gpumem_memory_summary, gpumem_reset_peak_stats};
 
 use ffi::{call, fail, Failure};
 use registry::{registry, FreeRequest, FAILED};
@@ -159,8 +171,9 @@ pub unsafe extern "C" fn gpumem_torch_free(ptr: *mut c_void, size: isize, device
 /// and wait on events as with CuPy's pool.
 ///
 /// Errors: null with [`gpumem_last_error`] set. CuPy 14 does not check the result, so a bare
-/// `CFunctionAllocator` would take null as memory; `python/gpumem_alloc.py`'s `use_in_cupy` wraps
-/// it to raise `OutOfMemoryError` with gpumem's message instead.
+/// `CFunctionAllocator` would take null as memory; the Python package `gpumem_runtime` (and
+/// `scripts/capi/gpumem_alloc.py`'s `use_in_cupy`) wraps it to raise `OutOfMemoryError` with
+/// gpumem's message instead.
 ///
 /// Thread-safe.
 ///

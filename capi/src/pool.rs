@@ -68,7 +68,7 @@ thread_local! {
 ///
 /// `ptr` is 0, 1, 2 or a live stream handle of the backend's runtime, created on `device`, and
 /// stays live while the returned stream is used.
-unsafe fn foreign_stream(ptr: usize, device: DeviceId) -> Stream {
+pub(crate) unsafe fn foreign_stream(ptr: usize, device: DeviceId) -> Stream {
     let cached = LAST_STREAM
         .try_with(|last| match &*last.borrow() {
             Some((d, p, s)) if *d == device && *p == ptr => Some(s.clone()),
@@ -121,7 +121,7 @@ fn check_stream(ptr: usize) -> Result<(), Failure> {
 }
 
 /// Makes `device` current on this thread until the guard goes, unless it already is.
-fn enter_device(device: DeviceId) -> Result<Option<DeviceGuard>, Failure> {
+pub(crate) fn enter_device(device: DeviceId) -> Result<Option<DeviceGuard>, Failure> {
     if device < 0 {
         return fail!("device {device} does not exist");
     }
@@ -153,7 +153,13 @@ pub(crate) unsafe fn malloc(size: usize, device: DeviceId, stream: usize) -> Res
     let current: StreamGuard = s.enter()?;
     let mem = pool.malloc_pooled(size)?;
     drop(current);
-    registry().insert(Entry { mem, stream: StreamId::on_this_thread(stream), device, size })
+    registry().insert(Entry {
+        mem,
+        stream: StreamId::on_this_thread(stream),
+        device,
+        size,
+        recorded: Vec::new(),
+    })
 }
 
 /// Frees the chunk at `request.ptr`, which the caller says it last used on the stream with raw
@@ -190,9 +196,21 @@ pub(crate) unsafe fn free(request: &FreeRequest, stream: Option<usize>) -> Resul
     }
 }
 
-/// Returns a chunk to its arena.
+/// Returns a chunk to its arena; behind the events of the streams recorded for it, if any
+/// (`record_stream.rs`).
 fn give_back(entry: Entry) -> Result<(), Failure> {
-    match entry.mem.free() {
+    // SAFETY: the recorded streams are live until the free, as `gpumem_record_stream` requires.
+    let freed = match unsafe { crate::record_stream::fence_of(&entry) } {
+        Ok(None) => entry.mem.free(),
+        Ok(Some(fence)) => entry.mem.free_after(fence),
+        Err(e) => {
+            let addr = entry.mem.ptr();
+            // Deliberately never returned to the pool: a recorded stream's work may still use it.
+            std::mem::forget(entry.mem);
+            return fail!("0x{addr:x} was used on a stream whose work could not be waited for ({}); it will not be reused", e.0);
+        }
+    };
+    match freed {
         Ok(()) => Ok(()),
         Err(e) => fail!("the memory was freed, but a memory hook failed: {e}"),
     }

@@ -1,0 +1,214 @@
+"""gpumem as PyTorch's CUDA allocator.
+
+    import gpumem_runtime.torch as gpumem
+    gpumem.enable(policy="hold_peak_in_use", limit=0.9)   # before the first CUDA allocation
+    ...
+    print(gpumem.memory_summary())
+
+enable() installs gpumem through PyTorch's pluggable-allocator interface, with a small C++ shim
+compiled once against the installed PyTorch (it needs a C++ compiler and the CUDA runtime's
+headers; the library is cached under ``$GPUMEM_RUNTIME_CACHE`` or ``~/.cache/gpumem_runtime``):
+through it an out-of-memory raises ``torch.OutOfMemoryError`` with gpumem's message at the
+allocating call, and ``Tensor.record_stream`` keeps memory from reuse until the recorded stream's
+work completes. PyTorch's own ``torch.cuda.memory_stats()`` and friends do not work with a
+pluggable allocator: use this module's, which take the same device arguments.
+"""
+import ctypes
+import hashlib
+import os
+import subprocess
+import sysconfig
+
+from . import _abi, _core
+from ._core import GpumemError
+
+__all__ = [
+    "enable", "is_enabled", "memory_stats", "memory_summary", "reset_peak_memory_stats",
+    "snapshot", "export_snapshot", "empty_cache", "start_recording", "stop_recording",
+    "Recording", "add_oom_observer", "clear_oom_observers",
+]
+
+_enabled = False
+
+
+def _device_index(device):
+    import torch
+    if device is None:
+        return torch.cuda.current_device()
+    if isinstance(device, int):
+        return device
+    device = torch.device(device)
+    if device.type != "cuda":
+        raise ValueError(f"gpumem manages CUDA memory, not {device.type!r}")
+    return device.index if device.index is not None else torch.cuda.current_device()
+
+
+def _per_device(value, devices):
+    """`value` for each device: a dict maps device to value, anything else applies to all."""
+    if isinstance(value, dict):
+        unknown = set(value) - set(devices)
+        if unknown:
+            raise ValueError(f"no such CUDA device: {sorted(unknown)}")
+        return dict(value)
+    return {d: value for d in devices}
+
+
+def _shim_path():
+    """The shim's library, compiled against the installed PyTorch on first use and cached."""
+    import torch
+    from torch.utils import cpp_extension
+
+    source = os.path.join(os.path.dirname(__file__), "_torch_shim.cpp")
+    with open(source, "rb") as f:
+        digest = hashlib.sha256(f.read() + torch.__version__.encode() + torch.__file__.encode()).hexdigest()[:16]
+    cache = os.environ.get("GPUMEM_RUNTIME_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "gpumem_runtime")
+    os.makedirs(cache, exist_ok=True)
+    target = os.path.join(cache, f"torch_shim-{digest}.so")
+    if os.path.exists(target):
+        return target
+    includes = list(cpp_extension.include_paths())
+    includes += _cuda_include_dirs()
+    abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
+    cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
+    cxx = cxx.split()[0]
+    lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
+    partial = f"{target}.{os.getpid()}.tmp"
+    command = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
+    command += [f"-I{d}" for d in includes]
+    command += [source, "-o", partial, f"-L{lib_dir}", f"-Wl,-rpath,{lib_dir}", "-ltorch_cuda", "-lc10_cuda", "-lc10"]
+    result = subprocess.run(command, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise GpumemError(
+            "could not compile gpumem's PyTorch shim (it needs a C++ compiler and the CUDA runtime's "
+            "headers; enable(shim=False) goes without it, losing torch.OutOfMemoryError and "
+            f"record_stream):\n{' '.join(command)}\n{result.stderr[-4000:]}")
+    os.replace(partial, target)
+    return target
+
+
+def _cuda_include_dirs():
+    """Where cuda_runtime_api.h is: $CUDA_HOME, PyTorch's idea of it, or the NVIDIA wheels."""
+    candidates = []
+    for home in (os.environ.get("CUDA_HOME"), os.environ.get("CUDA_PATH"), "/usr/local/cuda"):
+        if home:
+            candidates.append(os.path.join(home, "include"))
+    try:
+        from torch.utils.cpp_extension import CUDA_HOME
+        if CUDA_HOME:
+            candidates.append(os.path.join(CUDA_HOME, "include"))
+    except ImportError:
+        pass
+    try:
+        import nvidia
+        for root in nvidia.__path__:
+            for sub in sorted(os.listdir(root)):
+                candidates.append(os.path.join(root, sub, "include"))
+    except ImportError:
+        pass
+    return [d for d in candidates if os.path.exists(os.path.join(d, "cuda_runtime_api.h"))][:1]
+
+
+def _install_with_shim():
+    shim = ctypes.CDLL(_shim_path())
+    shim.gpumem_torch_shim_install.restype = ctypes.c_int
+    shim.gpumem_torch_shim_install.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_char_p, ctypes.c_size_t]
+    error = ctypes.create_string_buffer(4096)
+    status = shim.gpumem_torch_shim_install(
+        _abi.address("gpumem_torch_malloc"), _abi.address("gpumem_torch_free"),
+        _abi.address("gpumem_record_stream"), _abi.address("gpumem_last_error"), error, len(error))
+    if status != 0:
+        raise GpumemError(f"PyTorch refused gpumem's allocator: {error.value.decode(errors='replace')}")
+    _install_with_shim.library = shim  # kept loaded: PyTorch calls into it from now on
+
+
+def enable(policy=None, limit=None, device=None, shim=True):
+    """Makes gpumem PyTorch's CUDA allocator. Call it before anything allocates CUDA memory
+    (before CUDA is initialised): PyTorch cannot swap an allocator in use, and enable() raises
+    GpumemError then.
+
+    ``policy``: a growth policy's name (see gpumem_runtime.GROWTH_POLICIES and its aliases);
+    ``limit``: bytes (int) or a fraction of the device's memory (float); each may be a dict
+    ``{device: value}``. ``device``: the device (an index, ``"cuda:1"`` or a torch.device) whose pool
+    ``policy`` and ``limit`` apply to; None for every device. Allocation past the limit raises
+    ``torch.OutOfMemoryError`` with gpumem's message, after the pool released its cache and
+    retried.
+
+    ``shim=False`` goes without the compiled shim: PyTorch's plain pluggable allocator, where an
+    out-of-memory returns a null pointer that PyTorch does not check and ``record_stream`` is
+    ignored. Only for machines without a compiler."""
+    global _enabled
+    import torch
+
+    if _enabled:
+        raise GpumemError("gpumem is already PyTorch's allocator")
+    if torch.cuda.is_initialized():
+        raise GpumemError(
+            "CUDA is already initialised in this process, so PyTorch's allocator is in use and cannot "
+            "be replaced: call gpumem_runtime.torch.enable() before the first CUDA tensor or call")
+    devices = range(torch.cuda.device_count()) if device is None else [_device_index(device)]
+    policies = _per_device(policy, devices)
+    limits = _per_device(limit, devices)
+    for d in devices:
+        if policies.get(d) is not None:
+            _core.set_growth_policy(policies[d], d)
+        if limits.get(d) is not None:
+            _core.set_limit(limits[d], d)
+    if shim:
+        _install_with_shim()
+    else:
+        allocator = torch.cuda.memory.CUDAPluggableAllocator(_abi.path, "gpumem_torch_malloc", "gpumem_torch_free")
+        torch.cuda.memory.change_current_allocator(allocator)
+    _enabled = True
+
+
+def is_enabled():
+    """Whether enable() made gpumem PyTorch's allocator in this process."""
+    return _enabled
+
+
+def memory_stats(device=None):
+    """``torch.cuda.memory_stats()`` for gpumem's pool: PyTorch's keys for what gpumem counts
+    (see gpumem_runtime.memory_stats)."""
+    return _core.memory_stats(_device_index(device))
+
+
+def memory_summary(device=None):
+    """``torch.cuda.memory_summary()`` for gpumem's pool."""
+    return _core.memory_summary(_device_index(device))
+
+
+def reset_peak_memory_stats(device=None):
+    """``torch.cuda.reset_peak_memory_stats()`` for gpumem's pool."""
+    _core.reset_peak_memory_stats(_device_index(device))
+
+
+def snapshot(device=None):
+    """``torch.cuda.memory._snapshot()`` for gpumem's pool: a dict of segments and device traces."""
+    return _core.snapshot(_device_index(device))
+
+
+def export_snapshot(path, device=None):
+    """Writes the snapshot as PyTorch's pickle, for ``torch.cuda._memory_viz`` and
+    pytorch.org/memory_viz (``torch.cuda.memory._dump_snapshot`` for gpumem's pool)."""
+    _core.export_snapshot(path, _device_index(device))
+
+
+def empty_cache(device=None):
+    """``torch.cuda.empty_cache()`` for gpumem's pool: cached free blocks go back to the device."""
+    _core.free_all_blocks(_device_index(device))
+
+
+start_recording = _core.start_recording
+stop_recording = _core.stop_recording
+Recording = _core.Recording
+
+
+def add_oom_observer(observer, device=None):
+    """``torch._C._cuda_attach_out_of_memory_observer`` for gpumem: ``observer(device, message)``
+    runs before the allocation raises torch.OutOfMemoryError."""
+    _core.add_oom_observer(observer, _device_index(device))
+
+
+def clear_oom_observers(device=None):
+    """Removes the out-of-memory observers of ``device``."""
+    _core.clear_oom_observers(_device_index(device))
