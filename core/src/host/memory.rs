@@ -113,10 +113,17 @@ pub(crate) fn check_device(api: &'static str, dev: DeviceId) -> Result<usize> {
     }
 }
 
-/// Allocates `size > 0` zeroed bytes, for `device` (`None`: pinned host memory).
+/// The layout of an allocation of `size` bytes. A zero-size allocation takes one byte: the global
+/// allocator may not be asked for zero bytes, and each allocation needs an address of its own
+/// in the registry. It counts as zero bytes against the device's capacity.
+fn layout_of(size: usize) -> Option<Layout> {
+    Layout::from_size_align(size.max(1), ALIGN).ok()
+}
+
+/// Allocates `size` zeroed bytes (a zero-size allocation still has an address of its own), for
+/// `device` (`None`: pinned host memory).
 pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize) -> Result<DevicePtr> {
-    let layout =
-        Layout::from_size_align(size, ALIGN).map_err(|_| Error::OutOfMemory { size, total: None })?;
+    let layout = layout_of(size).ok_or(Error::OutOfMemory { size, total: None })?;
     let capacity = capacity_checked()?;
     let mut reg = registry();
     if let Some(dev) = device {
@@ -126,7 +133,8 @@ pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize)
         }
         reg.used[i] += size;
     }
-    // SAFETY: `layout` has a non-zero size (callers pass `size > 0`) and a valid alignment.
+    // SAFETY: `layout` has a non-zero size (`layout_of` takes at least one byte) and a valid
+    // alignment.
     let ptr = unsafe { alloc_zeroed(layout) };
     if ptr.is_null() {
         if let Some(dev) = device {
@@ -154,8 +162,9 @@ pub(crate) fn release(api: &'static str, device: Option<DeviceId>, ptr: DevicePt
         reg.used[dev as usize] -= a.size;
     }
     drop(reg);
-    let layout = Layout::from_size_align(a.size, ALIGN).expect("the layout was valid at allocation");
-    // SAFETY: `ptr` was returned by `alloc_zeroed(layout)` with this layout and is freed once: it
+    let layout = layout_of(a.size).expect("the layout was valid at allocation");
+    // SAFETY: `ptr` was returned by `alloc_zeroed(layout)` with this layout (`layout_of` of the
+    // same size) and is freed once: it
     // was just removed from the registry under its lock.
     unsafe { dealloc(ptr as *mut u8, layout) };
     Ok(())
@@ -352,5 +361,29 @@ impl MemoryOps for Host {
     /// Device memory is host memory: staging a copy through pinned buffers only adds a copy.
     fn stages_pageable_copies() -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// F5: a zero-size allocation never asks the global allocator for zero bytes (Miri reports
+    /// that as undefined behaviour), has an address of its own, and frees.
+    #[test]
+    fn zero_size_allocations_have_distinct_addresses_and_free() {
+        let a = Host::malloc(0, 0).unwrap();
+        let b = Host::malloc(0, 0).unwrap();
+        assert_ne!(a, 0);
+        assert_ne!(a, b);
+        assert_eq!(a % ALIGN, 0);
+        let pinned = Host::malloc_host(0, 0).unwrap();
+        assert!(!pinned.is_null());
+        // SAFETY: each pointer was just allocated by this backend, of this kind, and is freed once.
+        unsafe {
+            Host::free(0, a).unwrap();
+            Host::free(0, b).unwrap();
+            Host::free_host(0, pinned).unwrap();
+        }
     }
 }
