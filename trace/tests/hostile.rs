@@ -129,3 +129,14 @@ fn tr03_an_event_line_with_an_unparseable_number_is_counted_and_reported() {
         other => panic!("expected a parse error on line 2, got {other:?}"),
     }
 }
+
+#[test]
+fn a_plot_of_bytes_in_use_past_u64_is_an_overflow_error() {
+    let big = u64::MAX - 1000;
+    let t = trace(&[line("malloc", 0x1000, big), line("malloc", 0x2000, big)]);
+    let options = gpumem_trace::plot::PlotOptions::default();
+    match gpumem_trace::plot::layout(&Timeline::new(&t), &options) {
+        Err(Error::Overflow(_)) => {}
+        other => panic!("expected an overflow, got {:?}", other.map(|_| "a layout")),
+    }
+}
