@@ -16,8 +16,8 @@ pluggable allocator: use this module's, which take the same device arguments.
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
-import sysconfig
 
 from . import _abi, _core
 from ._core import GpumemError
@@ -69,8 +69,10 @@ def _shim_path():
     includes = list(cpp_extension.include_paths())
     includes += _cuda_include_dirs()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
-    cxx = cxx.split()[0]
+    cxx = os.environ.get("CXX") or next(filter(shutil.which, ("c++", "g++", "clang++")), None)
+    if cxx is None:
+        raise GpumemError("no C++ compiler (c++, g++ or clang++; or $CXX) to build gpumem's PyTorch shim; "
+                          "enable(shim=False) goes without it, losing torch.OutOfMemoryError and record_stream")
     lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
     partial = f"{target}.{os.getpid()}.tmp"
     command = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
