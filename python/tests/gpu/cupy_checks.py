@@ -11,17 +11,10 @@ import sys
 import cupy
 import numpy as np
 
-import gpumem_runtime
 import gpumem_runtime.cupy as gpumem
+from checks import check, finish
 
 out = sys.argv[1]
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    if not ok:
-        failures.append(name)
 
 
 def workload():
@@ -55,5 +48,4 @@ check("memory_stats", stats["num_ooms"] >= 1 and stats["allocated_bytes.all.curr
 snap = gpumem.snapshot()
 check("snapshot lists x", any(b["address"] == x.data.ptr for s in snap["segments"] for b in s["blocks"]))
 gpumem.disable()
-print(f"{len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()

@@ -13,15 +13,9 @@ import torch
 
 import gpumem_runtime
 import gpumem_runtime.torch as gpumem
+from checks import check, finish
 
 out = sys.argv[1]
-failures = []
-
-
-def check(name, ok, detail=""):
-    print(("ok   " if ok else "FAIL ") + name + (f": {detail}" if detail else ""), flush=True)
-    if not ok:
-        failures.append(name)
 
 
 check("no repository on sys.path", not any(os.path.isdir(os.path.join(p, "python", "gpumem_runtime")) for p in sys.path if p),
@@ -103,5 +97,4 @@ for name in ("segment_plot", "trace_plot"):
 check("the snapshot lists the live tensor", any(b["address"] == a.data_ptr() and b["state"] == "active_allocated"
                                               for s in snap["segments"] for b in s["blocks"]))
 
-print(f"{len(failures)} failed")
-sys.exit(1 if failures else 0)
+finish()
