@@ -9,8 +9,8 @@ Allocations come from the null stream's arena (CuPy's default stream), as CuPy's
 allocates without a stream. Out of memory raises ``cupy.cuda.memory.OutOfMemoryError`` (a
 subclass that carries gpumem's message).
 """
-from . import _abi, _core
-from ._core import GpumemError
+from . import _abi, _core, _framework
+from ._core import GpumemError, Recording, start_recording, stop_recording  # noqa: F401 (exported)
 
 __all__ = [
     "enable", "disable", "is_enabled", "memory_stats", "memory_summary", "reset_peak_memory_stats",
@@ -36,13 +36,7 @@ def enable(policy=None, limit=None, device=None):
     import cupy
 
     devices = range(cupy.cuda.runtime.getDeviceCount()) if device is None else [_device_index(device)]
-    for d in devices:
-        device_policy = policy.get(d) if isinstance(policy, dict) else policy
-        device_limit = limit.get(d) if isinstance(limit, dict) else limit
-        if device_policy is not None:
-            _core.set_growth_policy(device_policy, d)
-        if device_limit is not None:
-            _core.set_limit(device_limit, d)
+    _framework.configure(policy, limit, devices)
     c_allocator = cupy.cuda.memory.CFunctionAllocator(
         0, _abi.address("gpumem_cupy_malloc"), _abi.address("gpumem_cupy_free"), _abi.lib)
 
@@ -83,46 +77,5 @@ def is_enabled():
     return _allocator is not None
 
 
-def memory_stats(device=None):
-    """The statistics with PyTorch's key names (see gpumem_runtime.memory_stats)."""
-    return _core.memory_stats(_device_index(device))
-
-
-def memory_summary(device=None):
-    """The statistics as a readable table."""
-    return _core.memory_summary(_device_index(device))
-
-
-def reset_peak_memory_stats(device=None):
-    """Sets every peak to its current value."""
-    _core.reset_peak_memory_stats(_device_index(device))
-
-
-def snapshot(device=None):
-    """Segments and blocks in PyTorch's snapshot format (see gpumem_runtime.snapshot)."""
-    return _core.snapshot(_device_index(device))
-
-
-def export_snapshot(path, device=None):
-    """The snapshot as PyTorch's pickle, which torch.cuda._memory_viz opens."""
-    _core.export_snapshot(path, _device_index(device))
-
-
-def free_all_blocks(device=None):
-    """``MemoryPool.free_all_blocks()`` for gpumem's pool."""
-    _core.free_all_blocks(_device_index(device))
-
-
-start_recording = _core.start_recording
-stop_recording = _core.stop_recording
-Recording = _core.Recording
-
-
-def add_oom_observer(observer, device=None):
-    """``observer(device, message)`` runs before an allocation raises OutOfMemoryError."""
-    _core.add_oom_observer(observer, _device_index(device))
-
-
-def clear_oom_observers(device=None):
-    """Removes the out-of-memory observers of ``device``."""
-    _core.clear_oom_observers(_device_index(device))
+(memory_stats, memory_summary, reset_peak_memory_stats, snapshot, export_snapshot, free_all_blocks,
+ add_oom_observer, clear_oom_observers) = _framework.DeviceTools(_device_index).functions()

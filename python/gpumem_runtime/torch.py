@@ -16,16 +16,16 @@ pluggable allocator: use this module's, which take the same device arguments.
 import ctypes
 import hashlib
 import os
+import shutil
 import subprocess
-import sysconfig
 
-from . import _abi, _core
-from ._core import GpumemError
+from . import _abi, _framework
+from ._core import GpumemError, Recording, start_recording, stop_recording  # noqa: F401 (exported)
 
 __all__ = [
     "enable", "is_enabled", "memory_stats", "memory_summary", "reset_peak_memory_stats",
-    "snapshot", "export_snapshot", "empty_cache", "start_recording", "stop_recording",
-    "Recording", "add_oom_observer", "clear_oom_observers",
+    "snapshot", "export_snapshot", "empty_cache", "free_all_blocks", "start_recording",
+    "stop_recording", "Recording", "add_oom_observer", "clear_oom_observers",
 ]
 
 _enabled = False
@@ -41,16 +41,6 @@ def _device_index(device):
     if device.type != "cuda":
         raise ValueError(f"gpumem manages CUDA memory, not {device.type!r}")
     return device.index if device.index is not None else torch.cuda.current_device()
-
-
-def _per_device(value, devices):
-    """`value` for each device: a dict maps device to value, anything else applies to all."""
-    if isinstance(value, dict):
-        unknown = set(value) - set(devices)
-        if unknown:
-            raise ValueError(f"no such CUDA device: {sorted(unknown)}")
-        return dict(value)
-    return {d: value for d in devices}
 
 
 def _shim_path():
@@ -69,8 +59,10 @@ def _shim_path():
     includes = list(cpp_extension.include_paths())
     includes += _cuda_include_dirs()
     abi = int(torch._C._GLIBCXX_USE_CXX11_ABI)
-    cxx = os.environ.get("CXX") or sysconfig.get_config_var("CXX") or "c++"
-    cxx = cxx.split()[0]
+    cxx = os.environ.get("CXX") or next(filter(shutil.which, ("c++", "g++", "clang++")), None)
+    if cxx is None:
+        raise GpumemError("no C++ compiler (c++, g++ or clang++; or $CXX) to build gpumem's PyTorch shim; "
+                          "enable(shim=False) goes without it, losing torch.OutOfMemoryError and record_stream")
     lib_dir = os.path.join(os.path.dirname(torch.__file__), "lib")
     partial = f"{target}.{os.getpid()}.tmp"
     command = [cxx, "-O2", "-std=c++17", "-shared", "-fPIC", f"-D_GLIBCXX_USE_CXX11_ABI={abi}"]
@@ -146,13 +138,7 @@ def enable(policy=None, limit=None, device=None, shim=True):
             "CUDA is already initialised in this process, so PyTorch's allocator is in use and cannot "
             "be replaced: call gpumem_runtime.torch.enable() before the first CUDA tensor or call")
     devices = range(torch.cuda.device_count()) if device is None else [_device_index(device)]
-    policies = _per_device(policy, devices)
-    limits = _per_device(limit, devices)
-    for d in devices:
-        if policies.get(d) is not None:
-            _core.set_growth_policy(policies[d], d)
-        if limits.get(d) is not None:
-            _core.set_limit(limits[d], d)
+    _framework.configure(policy, limit, devices)
     if shim:
         _install_with_shim()
     else:
@@ -166,49 +152,7 @@ def is_enabled():
     return _enabled
 
 
-def memory_stats(device=None):
-    """``torch.cuda.memory_stats()`` for gpumem's pool: PyTorch's keys for what gpumem counts
-    (see gpumem_runtime.memory_stats)."""
-    return _core.memory_stats(_device_index(device))
-
-
-def memory_summary(device=None):
-    """``torch.cuda.memory_summary()`` for gpumem's pool."""
-    return _core.memory_summary(_device_index(device))
-
-
-def reset_peak_memory_stats(device=None):
-    """``torch.cuda.reset_peak_memory_stats()`` for gpumem's pool."""
-    _core.reset_peak_memory_stats(_device_index(device))
-
-
-def snapshot(device=None):
-    """``torch.cuda.memory._snapshot()`` for gpumem's pool: a dict of segments and device traces."""
-    return _core.snapshot(_device_index(device))
-
-
-def export_snapshot(path, device=None):
-    """Writes the snapshot as PyTorch's pickle, for ``torch.cuda._memory_viz`` and
-    pytorch.org/memory_viz (``torch.cuda.memory._dump_snapshot`` for gpumem's pool)."""
-    _core.export_snapshot(path, _device_index(device))
-
-
-def empty_cache(device=None):
-    """``torch.cuda.empty_cache()`` for gpumem's pool: cached free blocks go back to the device."""
-    _core.free_all_blocks(_device_index(device))
-
-
-start_recording = _core.start_recording
-stop_recording = _core.stop_recording
-Recording = _core.Recording
-
-
-def add_oom_observer(observer, device=None):
-    """``torch._C._cuda_attach_out_of_memory_observer`` for gpumem: ``observer(device, message)``
-    runs before the allocation raises torch.OutOfMemoryError."""
-    _core.add_oom_observer(observer, _device_index(device))
-
-
-def clear_oom_observers(device=None):
-    """Removes the out-of-memory observers of ``device``."""
-    _core.clear_oom_observers(_device_index(device))
+(memory_stats, memory_summary, reset_peak_memory_stats, snapshot, export_snapshot, free_all_blocks,
+ add_oom_observer, clear_oom_observers) = _framework.DeviceTools(_device_index).functions()
+#: ``torch.cuda.empty_cache()`` for gpumem's pool.
+empty_cache = free_all_blocks
