@@ -2,7 +2,7 @@
 """The anchors of gpumem's GPU benchmark: CuPy's MemoryPool and PyTorch's caching allocator on the
 same machine, the same sizes and the same traces, in the same run.
 
-Writes DIR/anchors.txt, one `key value` per line, which `cargo bench --bench gpu` reads through
+Writes DIR/anchors.txt, one `key value` per line, which `cargo bench -p gpumem-benches --bench gpu` reads through
 GPUMEM_BENCH_DIR. DIR must hold random.trace (written by the benchmark with --write-trace) and may
 hold training.trace and bert.trace (bench/record_training_trace.py) and random_seedN.trace, the
 random trace on one stream from other seeds (--write-seeds).

@@ -12,7 +12,7 @@ freed chunks merged with free neighbours, nothing ever given back. The rules:
   mixed           first fit for requests of at most 1 MiB, best fit for larger ones
 
 Usage: python3 bench/placement_model.py TRACE...   (for example the random_seedN.trace files of
-`cargo bench --bench gpu -- --write-seeds DIR`)
+`cargo bench -p gpumem-benches --bench gpu -- --write-seeds DIR`)
 """
 import bisect
 import statistics

@@ -13,7 +13,7 @@ Prints, for each trace: peak mapped over peak in use, raw allocations and raw fr
 with the release (pieces as large as the need, unless PIECE is set).
 
 Usage: PIECE=$((8 << 20)) python3 bench/remap_model.py TRACE...   (the traces of
-`cargo bench --bench gpu -- --write-seeds DIR` or `--write-trace`; streams are ignored)
+`cargo bench -p gpumem-benches --bench gpu -- --write-seeds DIR` or `--write-trace`; streams are ignored)
 """
 import bisect
 import os

@@ -1,7 +1,7 @@
 #!/bin/bash
 # Runs gpumem's GPU benchmark with its anchors, on the GPU machine, from the repository root.
 # The benchmark binary is staged first, on a machine with Rust, by
-#   ../shared/tools/gpu-stage --bench --no-tests
+#   scripts/gpu-stage --bench --no-tests
 # which leaves it in .gpu/benches/. Results (table.md, anchors.txt, traces, logs) go to
 # $BENCH_DIR, else $OUT.
 #

@@ -2,8 +2,8 @@
 //! quick timing of each on any backend.
 //!
 //! ```text
-//! cargo bench --bench paths                      # ns per pair of every path
-//! target/release/deps/paths-* pointer 100000     # only that path, that many pairs
+//! cargo bench -p gpumem-benches --bench paths                # ns per pair of every path
+//! target/release/deps/paths-* pointer 100000                 # only that path, that many pairs
 //! ```
 //!
 //! Instructions per pair: run one path with two counts under cachegrind and divide the difference

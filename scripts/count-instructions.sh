@@ -1,7 +1,7 @@
 #!/bin/bash
 # Instructions per allocate + free pair of each hot path (benches/paths.rs), counted by cachegrind:
 # each path runs 10,000 and 30,000 pairs, and the difference of the totals is divided by 20,000.
-# Run from the repository root on a machine with valgrind, after `cargo bench --bench paths --no-run`
+# Run from the repository root on a machine with valgrind, after `cargo bench -p gpumem-benches --bench paths --no-run`
 # (or pass the binary). Instruction counts do not drift with the clock, unlike timings.
 set -eu
 BIN=${1:-}

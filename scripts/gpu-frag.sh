@@ -1,7 +1,7 @@
 #!/bin/bash
 # The fragmentation and expandable-segments run on the GPU machine, from the repository root.
 # Stage on a machine with Rust first (release bench binary and the test binaries, --features cuda):
-#   ../shared/tools/gpu-stage --bench
+#   scripts/gpu-stage --bench
 # and send .gpu/ along. Then here:
 #   bash scripts/gpu-frag.sh
 # It runs (1) the virtual-memory and expandable-segment tests on the CUDA backend (the

@@ -5,7 +5,7 @@
 # the next. Prints each process's hooked and unhooked hit and their ratio; logs go to $OUT.
 #
 # Stage the bench binaries first, on a machine with Rust, and send .gpu/ along:
-#   ../shared/tools/gpu-stage --bench --no-tests
+#   scripts/gpu-stage --bench --no-tests
 # Other builds of the same bench (a baseline, say) can be named as arguments: each process round
 # runs every binary once, alternated, so that they share the machine's state.
 #   bash scripts/gpu-hooked.sh                              the staged paths bench

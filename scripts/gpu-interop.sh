@@ -2,7 +2,7 @@
 # Runs the cudarc interop on the GPU machine: example 07 (a kernel compiled with NVRTC, launched on
 # gpumem memory) and the interop tests. From the repository root, after staging on a machine with
 # Rust:
-#   ../shared/tools/gpu-stage --features cuda,cudarc-cuda-12000,nvrtc --example 07-cudarc-interop
+#   scripts/gpu-stage --features cuda,cudarc-cuda-12000,nvrtc --example 07-cudarc-interop
 # and sending .gpu/ along. Logs go to $OUT (or /tmp/gpumem-interop). Exits 1 when either fails.
 set -u
 OUT=${OUT:-/tmp/gpumem-interop}

@@ -5,7 +5,7 @@
 # so that the two tables can be shown side by side. Everything goes to $OUT.
 #
 # Stage the programs first, on a machine with Rust, and send .gpu/ along:
-#   ../shared/tools/gpu-stage --features cuda --no-tests --example 08-replay-stats --bin gpumem-trace
+#   scripts/gpu-stage --features cuda --no-tests --example 08-replay-stats --bin gpumem-trace
 # The trace is $TRACE, else $OUT/training.trace, else recorded here with
 # bench/record_training_trace.py (GPT-2 small, 3 steps; needs transformers).
 set -u

@@ -2,7 +2,7 @@
 # Runs gpumem's CUDA test binaries on the GPU machine, then compute-sanitizer's memcheck and
 # racecheck over the CUDA-specific ones. From the repository root, after staging on a machine with
 # Rust:
-#   ../shared/tools/gpu-stage            # cargo test --workspace --no-run --features cuda
+#   scripts/gpu-stage            # cargo test --workspace --no-run --features cuda
 # and sending .gpu/ along. Logs go to $OUT (or /tmp/gpumem-tests).
 #
 # The HIP test binaries are removed first: the GPU machine has the HIP runtime but no AMD GPU, so

@@ -4,7 +4,7 @@
 # gpumem-trace on the latter (import, stats, replay, plot). Everything goes to $OUT.
 #
 # Stage the program first, on a machine with Rust, and send .gpu/ along:
-#   ../shared/tools/gpu-stage --no-tests --bin gpumem-trace
+#   scripts/gpu-stage --no-tests --bin gpumem-trace
 # Then check the fixture in: copy $OUT/fixture/torch_snapshot.pickle and
 # $OUT/fixture/torch_snapshot.stats.json to trace/fixtures/ (build.rs then compiles its test).
 set -u

@@ -51,7 +51,10 @@
 //!
 //! # Features
 //!
-//! `cuda` and `hip` add those backends; `line-profile` (on by default) adds [`LineProfileHook`],
+//! `cuda` and `hip` add those backends. `auto` makes the aliases name `gpumem::auto::Auto`, the
+//! backend chosen when the program starts (CUDA where the driver finds a device, else HIP, else
+//! the host; `GPUMEM_BACKEND=host` forces the CPU), so one binary built with `cuda,auto` runs on a
+//! GPU node and on a laptop. `line-profile` (on by default) adds [`LineProfileHook`],
 //! which walks the call stack with the `backtrace` crate (without it gpumem does not depend on
 //! `backtrace`).
 
@@ -86,7 +89,7 @@ pub use gpumem_hooks::{DebugPrintHook, Recorder, RecorderGuard};
 /// The backend chosen at run time among those built in: CUDA where its driver finds a device,
 /// else HIP, else the host; `GPUMEM_BACKEND=cuda|hip|host` overrides. Use it as any backend:
 /// `gpumem::core::MemoryPool::<gpumem::auto::Auto>::new()`.
-#[cfg(any(feature = "cuda", feature = "hip"))]
+#[cfg(any(feature = "cuda", feature = "hip", feature = "auto"))]
 pub use gpumem_auto as auto;
 /// The host backend (always available).
 pub use gpumem_core::host;
@@ -98,7 +101,11 @@ pub use gpumem_cuda as cuda;
 pub use gpumem_hip as hip;
 
 cfg_if::cfg_if! {
-    if #[cfg(feature = "cuda")] {
+    if #[cfg(feature = "auto")] {
+        /// The backend this build uses by default: the one chosen at run time among those built in
+        /// (the `auto` feature; see [`auto`]). `GPUMEM_BACKEND=host` runs a CUDA build on the CPU.
+        pub type DefaultBackend = gpumem_auto::Auto;
+    } else if #[cfg(feature = "cuda")] {
         /// The backend this build uses by default: CUDA.
         pub type DefaultBackend = gpumem_cuda::Cuda;
     } else if #[cfg(feature = "hip")] {

@@ -67,7 +67,9 @@ impl InitFailure {
                         "the NVIDIA driver library (libcuda) could not be loaded; tried {}. \
                          Install the NVIDIA driver (it provides libcuda.so.1; the CUDA toolkit is not needed) \
                          or add the folder holding libcuda.so.1 to LD_LIBRARY_PATH; on a machine without an \
-                         NVIDIA GPU, use another backend (gpumem's host backend runs on the CPU)",
+                         NVIDIA GPU, run on the CPU instead: build with gpumem's `auto` feature beside `cuda` \
+                         (features = [\"cuda\", \"auto\"]): such a build falls back to the host \
+                         backend by itself, and GPUMEM_BACKEND=host forces it; or name gpumem::host::Host",
                         tried.join(", ")
                     ),
                 }
@@ -200,6 +202,17 @@ fn names_available() -> bool {
 mod tests {
     use super::*;
     use crate::sys::SYMBOLS;
+
+    #[test]
+    fn a_missing_driver_says_how_to_run_on_the_cpu() {
+        match InitFailure::NoLibrary.to_error() {
+            Error::DriverNotFound { backend: "cuda", detail } => {
+                assert!(detail.contains("features = [\"cuda\", \"auto\"]"), "{detail}");
+                assert!(detail.contains("GPUMEM_BACKEND=host"), "{detail}");
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
 
     /// Every `sys::cu...(` call in the crate's sources names a symbol in [`SYMBOLS`] (which the
     /// compiler enforces too), and every symbol in it is called somewhere, so `init` asks a driver

@@ -249,8 +249,10 @@ impl LoadFailure {
                 "the HIP runtime library (libamdhip64) could not be loaded; tried {} (last error: {last}). \
                  Install the HIP runtime (ROCm, or on Debian and Ubuntu `apt-get install libamdhip64-5`) \
                  and set HIP_PATH to its root (the folder whose lib/ holds libamdhip64.so) or add that \
-                 lib folder to LD_LIBRARY_PATH; on a machine without an AMD GPU, use another backend \
-                 (gpumem's host backend runs on the CPU)",
+                 lib folder to LD_LIBRARY_PATH; on a machine without an AMD GPU, run on the CPU instead: \
+                 build with gpumem's `auto` feature beside `hip` (features = [\"hip\", \"auto\"]): such a \
+                 build falls back to the host backend by itself, and GPUMEM_BACKEND=host forces it; \
+                 or name gpumem::host::Host",
                 tried.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(", ")
             ),
             LoadFailure::MissingSymbol { path, symbol } => format!(
@@ -499,6 +501,7 @@ mod tests {
             Error::DriverNotFound { backend: "hip", detail } => {
                 assert!(detail.contains("/nonexistent/lib/libamdhip64.so, libamdhip64.so.99"), "{detail}");
                 assert!(detail.contains("HIP_PATH") && detail.contains("libamdhip64-5"), "{detail}");
+                assert!(detail.contains("\"auto\"") && detail.contains("GPUMEM_BACKEND=host"), "{detail}");
             }
             other => panic!("unexpected {other:?}"),
         }

@@ -10,13 +10,13 @@
 //! runs only the sections named.
 //!
 //! ```text
-//! cargo bench --features cuda --bench gpu                  # on an NVIDIA GPU
-//! cargo bench --bench gpu                                  # the same program on the host backend
-//! cargo bench --bench gpu -- --write-trace random.trace    # the random trace, for the anchors
-//! cargo bench --bench gpu -- --write-seeds DIR [N]          # the other seeds' (or 1..=N) traces
-//! cargo bench --bench gpu -- --replay-host TRACE            # gpumem's figures without a device
-//! cargo bench --bench gpu -- --replay-seeds                 # the same for every other seed
-//! cargo bench --bench gpu -- --sweep-seeds 50               # seeds 1..=50: each policy's spread
+//! cargo bench -p gpumem-benches --features cuda --bench gpu                  # on an NVIDIA GPU
+//! cargo bench -p gpumem-benches --bench gpu                                  # the same program on the host backend
+//! cargo bench -p gpumem-benches --bench gpu -- --write-trace random.trace    # the random trace, for the anchors
+//! cargo bench -p gpumem-benches --bench gpu -- --write-seeds DIR [N]         # the other seeds' (or 1..=N) traces
+//! cargo bench -p gpumem-benches --bench gpu -- --replay-host TRACE           # gpumem's figures without a device
+//! cargo bench -p gpumem-benches --bench gpu -- --replay-seeds                # the same for every other seed
+//! cargo bench -p gpumem-benches --bench gpu -- --sweep-seeds 50              # seeds 1..=50: each policy's spread
 //! ```
 //!
 //! Nothing here asserts a timing: the output is a report.

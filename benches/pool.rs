@@ -2,7 +2,7 @@
 //! cost of the hook check, the aggregate rate of threads each on its own stream, and the arena
 //! lock against `parking_lot`'s raw mutex.
 //!
-//! `cargo bench -p gpumem-core --bench pool`
+//! `cargo bench -p gpumem-benches --bench pool`
 
 #![allow(missing_docs)] // `criterion_group!` generates undocumented items
 
