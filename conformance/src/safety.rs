@@ -235,6 +235,20 @@ macro_rules! __safety_tests {
                     assert!(back.iter().all(|&x| x == 9), "the transfer overwrote a later write");
                 }
 
+                fn a_copy_from_pinned_memory_waits_for_a_transfer_queued_into_it() {
+                    let s = Stream::non_blocking().unwrap();
+                    let src = own_memory(N);
+                    src.memset(3, N).unwrap();
+                    let pinned = PinnedMemoryPointer::alloc(N).unwrap();
+                    pinned.write(&[9u8; N]).unwrap();
+                    busy(&s, 100);
+                    src.copy_to_host_async(&pinned, N, Some(&s)).unwrap();
+                    let dst = own_memory(N);
+                    dst.copy_from(&pinned, N).unwrap();
+                    assert!(read(&dst, N).iter().all(|&x| x == 3), "the copy read the pinned bytes before the transfer");
+                    s.synchronize().unwrap();
+                }
+
                 fn freeing_pinned_memory_does_not_wait_for_unrelated_streams() {
                     let s = Stream::non_blocking().unwrap();
                     // Allocated first: pinning memory may itself wait for the device on CUDA.

@@ -37,9 +37,10 @@
 //! completed. Dropping the last handle a program holds therefore never frees, or lends again,
 //! bytes that queued work can still reach; a pool chunk released this way goes back to the pool
 //! only then. A synchronous access waits for queued work on the same bytes, and work queued on
-//! another stream is ordered after it, so two accesses through gpumem never race. Memory reached
-//! only through raw addresses (a kernel of the program's own) is kept with
-//! [`MemoryPointer::record_stream`]. Frees wait for nothing else: no stream is drained, and a
+//! another stream is ordered after it, so two accesses through gpumem never race, from one
+//! thread or several: while a synchronous access runs, a call of another thread that queues work
+//! on its bytes, or accesses them, waits until it has ended. Memory reached only through raw
+//! addresses (a kernel of the program's own) is kept with [`MemoryPointer::record_stream`]. Frees wait for nothing else: no stream is drained, and a
 //! free inside a host function or callback is carried out later, on a user thread.
 //!
 //! ## Graph-owned memory

@@ -244,7 +244,9 @@ impl<B: Runtime> MemoryPointer<B> {
         unsafe { self.copy_from_host_raw(src, size, true) }
     }
 
-    /// The synchronous host-to-device copy; `pageable` lets it be staged.
+    /// The synchronous host-to-device copy; `pageable` lets it be staged. Pinned memory
+    /// (`!pageable`) is gpumem's, which queued transfers may touch: its bytes are ordered with
+    /// them as the device's are.
     ///
     /// # Safety
     ///
@@ -256,7 +258,8 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let plan = if pageable { staging::plan::<B>(size)? } else { None };
-        inflight::access::<B, _>(&[span(dst, size)], || match plan {
+        let ranges = [span(dst, size), if pageable { span(0, 0) } else { span(src as usize, size) }];
+        inflight::access::<B, _>(&ranges, || match plan {
             // SAFETY: the device range was checked against `self`'s memory and no other
             // operation through gpumem touches it until this returns; the host range is only
             // read (the caller's promise).

@@ -205,7 +205,12 @@ pub(crate) struct InFlight<B: Runtime> {
 impl<B: Runtime> InFlight<B> {
     pub(crate) fn new() -> Self {
         InFlight {
-            entries: Mutex::new(Queues { by_stream: HashMap::new(), len: 0, busy: Vec::new(), next_access: 0 }),
+            entries: Mutex::new(Queues {
+                by_stream: HashMap::new(),
+                len: 0,
+                busy: Vec::new(),
+                next_access: 0,
+            }),
             access_ended: Condvar::new(),
             n_entries: AtomicUsize::new(0),
             spare: Mutex::new(Vec::new()),
@@ -230,7 +235,10 @@ fn any_overlap(a: &[Range], b: &[Range]) -> bool {
 ///
 /// `NotAllowedInCallback` when one runs and this is a host function: the access may be waiting
 /// for the very stream that runs it.
-fn lock_when_free<B: Runtime>(ranges: &[Range], operation: &'static str) -> Result<MutexGuard<'static, Queues<B>>> {
+fn lock_when_free<B: Runtime>(
+    ranges: &[Range],
+    operation: &'static str,
+) -> Result<MutexGuard<'static, Queues<B>>> {
     let inflight = &B::globals().inflight;
     let mut entries = inflight.entries.lock();
     while entries.is_busy(ranges) {
