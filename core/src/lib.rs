@@ -116,7 +116,7 @@ pub use runtime::pools::{
 };
 pub use runtime::staging::{
     set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
-    DEFAULT_STAGING_THRESHOLD, PAGEABLE_STAGING_ENV,
+    DEFAULT_STAGING_THRESHOLD, MAX_STAGING_LANES, PAGEABLE_STAGING_ENV,
 };
 pub use runtime::state::{take_deferred_error, Runtime};
 pub use runtime::stream::event::{get_elapsed_time, Event};

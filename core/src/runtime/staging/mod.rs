@@ -28,7 +28,8 @@
 //! 16-core machine). Each lane copies at about what one thread's `memcpy` reaches; the cost is
 //! up to `2 * lanes` chunks of pinned memory (32 MiB at eight lanes) that the pinned pool keeps
 //! after the first staged copy, and `lanes - 1` threads for the duration of each copy.
-//! [`PageableStaging::with_lanes`] sets another number.
+//! [`PageableStaging::with_lanes`] sets another number, up to [`MAX_STAGING_LANES`]. A helper
+//! thread that cannot be started leaves its lane to the calling thread.
 //!
 //! Which copies are staged: the thread's [`PageableStaging::enter`] scope, else the process's
 //! [`set_pageable_staging`], else [`PAGEABLE_STAGING_ENV`], else the backend's default:
@@ -77,6 +78,12 @@ const MIN_AUTO_CHUNK: usize = 64 << 10;
 /// NVLink-C2C link carries (6-7 GB/s per thread on the H200 machine, BENCHMARKS.md), so eight
 /// lanes are what outrun the driver's own pageable device-to-host copy twice over.
 const MAX_DEFAULT_LANES: usize = 8;
+
+/// The most lanes [`PageableStaging::with_lanes`] accepts: far past where more lanes copy faster
+/// (eight outrun the link), and few enough threads that starting them cannot exhaust the
+/// process's threads (a copy on `usize::MAX` lanes aborted the process, starting one thread per
+/// chunk).
+pub const MAX_STAGING_LANES: usize = 64;
 
 /// Staging buffers per lane: one is filled (or drained) while the other is transferred.
 const DEPTH: usize = 2;
@@ -148,10 +155,15 @@ impl PageableStaging {
     ///
     /// # Errors
     ///
-    /// `InvalidArgument` for 0.
+    /// `InvalidArgument` for 0 or more than [`MAX_STAGING_LANES`].
     pub fn with_lanes(self, lanes: usize) -> Result<Self> {
         if lanes == 0 {
             return Err(Error::InvalidArgument("pageable staging: at least one lane is needed".into()));
+        }
+        if lanes > MAX_STAGING_LANES {
+            return Err(Error::InvalidArgument(format!(
+                "pageable staging: {lanes} lanes asked for, at most {MAX_STAGING_LANES} are allowed"
+            )));
         }
         Ok(PageableStaging { lanes, ..self })
     }

@@ -94,3 +94,17 @@ fn the_host_backend_stages_nothing_by_default() {
     assert!(PageableStaging::from_size(0).with_chunk(0).is_err());
     assert!(PageableStaging::from_size(0).with_lanes(0).is_err());
 }
+
+/// ST03: a lane count past the bound is refused (a copy on `usize::MAX` lanes started a thread
+/// per chunk and aborted the process).
+#[test]
+fn lanes_past_the_bound_are_refused() {
+    let staging = PageableStaging::from_size(0);
+    assert_eq!(staging.with_lanes(MAX_STAGING_LANES).unwrap().lanes(), MAX_STAGING_LANES);
+    for lanes in [MAX_STAGING_LANES + 1, usize::MAX] {
+        match staging.with_lanes(lanes) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(&MAX_STAGING_LANES.to_string()), "{m}"),
+            other => panic!("{lanes} lanes gave {other:?}"),
+        }
+    }
+}
