@@ -76,6 +76,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod env;
 pub mod error;
 #[allow(unsafe_code)] // declares the contract's unsafe operations
 pub mod hal;
@@ -118,7 +119,7 @@ pub use runtime::staging::{
     set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
     DEFAULT_STAGING_THRESHOLD, MAX_STAGING_LANES, PAGEABLE_STAGING_ENV,
 };
-pub use runtime::state::{take_deferred_error, Runtime};
+pub use runtime::state::{take_deferred_error, Runtime, PER_THREAD_DEFAULT_STREAM_ENV};
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;
 pub use runtime::stream::{

@@ -192,8 +192,8 @@ struct Shared<R: RawAllocator> {
 pub type Reclaimer = Box<dyn Fn(bool) + Send + Sync>;
 
 /// The environment variable that turns expandable segments on for each new pool whose raw
-/// allocator can grow blocks in place: `1` or `true` on, `0` or `false` off (PyTorch's
-/// `expandable_segments:True`).
+/// allocator can grow blocks in place: a flag, such as `1` or `true` on, `0` or `false` off
+/// (PyTorch's `expandable_segments:True`; [the forms](crate::env)).
 pub const EXPANDABLE_SEGMENTS_ENV: &str = "GPUMEM_EXPANDABLE_SEGMENTS";
 
 /// Reads [`EXPANDABLE_SEGMENTS_ENV`]; `None` when it is not set.
@@ -206,8 +206,8 @@ pub fn expandable_segments_from_env() -> Result<Option<bool>> {
 }
 
 /// The environment variable that makes each new pool of the runtime lend free memory across
-/// streams ([`Pool::set_share_across_streams`]): `1` or `true` on, `0` or `false` off (the
-/// default, CuPy's rule).
+/// streams ([`Pool::set_share_across_streams`]): a flag, such as `1` or `true` on, `0` or
+/// `false` off (the default, CuPy's rule; [the forms](crate::env)).
 pub const SHARE_ACROSS_STREAMS_ENV: &str = "GPUMEM_SHARE_ACROSS_STREAMS";
 
 /// Reads [`SHARE_ACROSS_STREAMS_ENV`]; `None` when it is not set.
@@ -219,14 +219,9 @@ pub fn share_across_streams_from_env() -> Result<Option<bool>> {
     flag_from_env(SHARE_ACROSS_STREAMS_ENV)
 }
 
-/// An on/off environment variable: `1`, `true` or `True`; `0`, `false` or `False`.
+/// An on/off environment variable, read as [`crate::env::flag`] reads every flag.
 fn flag_from_env(variable: &'static str) -> Result<Option<bool>> {
-    let Ok(value) = std::env::var(variable) else { return Ok(None) };
-    match value.trim() {
-        "1" | "true" | "True" => Ok(Some(true)),
-        "0" | "false" | "False" => Ok(Some(false)),
-        _ => Err(Error::InvalidEnvironment { variable, value, expected: "1, true, 0 or false" }),
-    }
+    crate::env::flag(variable)
 }
 
 /// A chunk waiting for its fence before it goes back to its arena.

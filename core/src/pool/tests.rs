@@ -685,10 +685,13 @@ fn the_expandable_segments_variable_is_read_strictly() {
         std::env::set_var(EXPANDABLE_SEGMENTS_ENV, value);
         assert_eq!(expandable_segments_from_env().unwrap(), expected, "{value}");
     }
-    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "yes");
+    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "maybe");
     let err = expandable_segments_from_env().unwrap_err();
     assert!(matches!(err, Error::InvalidEnvironment { .. }), "{err:?}");
-    assert_eq!(err.to_string(), "GPUMEM_EXPANDABLE_SEGMENTS=\"yes\" is not valid: 1, true, 0 or false");
+    assert_eq!(
+        err.to_string(),
+        "GPUMEM_EXPANDABLE_SEGMENTS=\"maybe\" is not valid: 1, true, yes or on; 0, false, no or off (in any case)"
+    );
     std::env::remove_var(EXPANDABLE_SEGMENTS_ENV);
     assert_eq!(expandable_segments_from_env().unwrap(), None);
 }

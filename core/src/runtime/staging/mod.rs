@@ -55,13 +55,13 @@ use crate::runtime::stream::inflight;
 
 /// The environment variable that sets which synchronous copies of pageable memory are staged:
 /// `off` (never), `auto` (the backend's default), or the size in bytes from which copies are
-/// staged, as a number (`65536`) or with a binary unit (`64KiB`, `8MiB`, `1GiB`; `K`, `M`, `G`
-/// too). Read once, at the first copy of pageable memory that asks.
+/// staged, a byte size (`65536`, `64KiB`, `8MiB`, `1GiB`, `4MB`; [the forms](crate::env)).
+/// Read once, at the first copy of pageable memory that asks.
 pub const PAGEABLE_STAGING_ENV: &str = "GPUMEM_PAGEABLE_STAGING";
 
 /// What [`PAGEABLE_STAGING_ENV`] accepts, as its error says.
 const ENV_FORMS: &str =
-    "off, auto, or the size in bytes from which copies are staged (65536, 64KiB, 8MiB, 1GiB)";
+    "off, auto, or the byte size from which copies are staged (65536, 64KiB, 8MiB, 1GiB, 4MB)";
 
 /// The size from which copies are staged by default, where the backend says staging can win.
 pub const DEFAULT_STAGING_THRESHOLD: usize = 4 << 20;
@@ -205,17 +205,7 @@ impl PageableStaging {
         if text.eq_ignore_ascii_case("off") {
             return Ok(Some(Self::off()));
         }
-        let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-        let (number, unit) = text.split_at(digits);
-        let number: usize = number.parse().map_err(|_| bad())?;
-        let shift = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 0,
-            "k" | "kib" => 10,
-            "m" | "mib" => 20,
-            "g" | "gib" => 30,
-            _ => return Err(bad()),
-        };
-        let bytes = number.checked_mul(1 << shift).ok_or_else(bad)?;
+        let bytes = crate::env::parse_byte_size(text).ok_or_else(bad)?;
         Ok(Some(Self::from_size(bytes)))
     }
 
@@ -225,14 +215,9 @@ impl PageableStaging {
     ///
     /// As [`PageableStaging::parse`]; a value that is not Unicode is refused the same way.
     pub fn from_env() -> Result<Option<Self>> {
-        match std::env::var(PAGEABLE_STAGING_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidEnvironment {
-                variable: PAGEABLE_STAGING_ENV,
-                value: v.to_string_lossy().into_owned(),
-                expected: ENV_FORMS,
-            }),
+        match crate::env::read(PAGEABLE_STAGING_ENV, ENV_FORMS)? {
+            Some(v) => Self::parse(&v),
+            None => Ok(None),
         }
     }
 
