@@ -87,7 +87,7 @@ pub mod runtime;
 #[allow(unsafe_code)]
 pub mod host;
 
-pub use error::{Error, HookError, Result};
+pub use error::{Error, HookError, Result, MAX_ALLOCATION_SIZE};
 pub use hal::{
     Api, AsyncPoolAttribute, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps,
     DeviceProperties, DevicePtr, EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle,

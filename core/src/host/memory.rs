@@ -105,7 +105,7 @@ fn layout_of(size: usize) -> Option<Layout> {
 /// Allocates `size` zeroed bytes (a zero-size allocation still has an address of its own), for
 /// `device` (`None`: pinned host memory).
 pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize) -> Result<DevicePtr> {
-    let layout = layout_of(size).ok_or(Error::OutOfMemory { size, total: None })?;
+    let layout = layout_of(size).ok_or_else(|| Error::size_too_large(size))?;
     let capacity = capacity_checked()?;
     let mut reg = registry();
     if let Some(dev) = device {

@@ -94,6 +94,14 @@ pub fn round_size(size: usize) -> Option<usize> {
     size.checked_add(UNIT - 1).map(|s| s / UNIT * UNIT)
 }
 
+/// `size` rounded up to the pool's unit, or the error for a size no allocation can have (past
+/// [`MAX_ALLOCATION_SIZE`](crate::error::MAX_ALLOCATION_SIZE) once rounded).
+pub(crate) fn round_allocation(size: usize) -> Result<usize> {
+    round_size(size)
+        .filter(|&n| n <= crate::error::MAX_ALLOCATION_SIZE)
+        .ok_or_else(|| Error::size_too_large(size))
+}
+
 /// How a pool trades memory held from the device against calls to the raw allocator.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GrowthPolicy {
@@ -448,7 +456,7 @@ impl<R: RawAllocator> Pool<R> {
         if hooks::active() {
             return Ok(self.malloc_hooked(size, key, cache)?);
         }
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_allocation(size)?;
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
@@ -472,7 +480,7 @@ impl<R: RawAllocator> Pool<R> {
         key: ArenaKey,
         cache: &ArenaCache,
     ) -> Result<PooledMemory<R>, BoxedError> {
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_allocation(size)?;
         let pre = MallocEvent { device_id: self.shared.device, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire(hooks::MALLOC_PREPROCESS, |h| h.malloc_preprocess(&pre))?;
         // A hooked allocation has not looked in the cached arena yet.
