@@ -77,6 +77,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod env;
 pub mod error;
 #[allow(unsafe_code)] // declares the contract's unsafe operations
 pub mod hal;
@@ -87,7 +88,7 @@ pub mod runtime;
 #[allow(unsafe_code)]
 pub mod host;
 
-pub use error::{Error, HookError, Result};
+pub use error::{Error, HookError, Result, MAX_ALLOCATION_SIZE};
 pub use hal::{
     Api, AsyncPoolAttribute, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps,
     DeviceProperties, DevicePtr, EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle,
@@ -117,9 +118,9 @@ pub use runtime::pools::{
 };
 pub use runtime::staging::{
     set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
-    DEFAULT_STAGING_THRESHOLD, PAGEABLE_STAGING_ENV,
+    DEFAULT_STAGING_THRESHOLD, MAX_STAGING_LANES, PAGEABLE_STAGING_ENV,
 };
-pub use runtime::state::{take_deferred_error, Runtime};
+pub use runtime::state::{take_deferred_error, Runtime, PER_THREAD_DEFAULT_STREAM_ENV};
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;
 pub use runtime::stream::{

@@ -31,31 +31,7 @@ pub(crate) const DEVICES_ENV: &str = "GPUMEM_HOST_DEVICES";
 pub(crate) const MEMORY_ENV: &str = "GPUMEM_HOST_DEVICE_MEMORY";
 const DEVICES_FORMS: &str = "an integer from 1 to 64 (the number of simulated devices; default 2)";
 const MEMORY_FORMS: &str =
-    "a whole number of bytes, such as 17179869184 (each simulated device's memory; default 16 GiB)";
-
-/// Reads a whole-number environment variable: `None` when unset, the value when it parses and
-/// lies in `range`, else the error naming the variable, its value and the accepted forms.
-fn env_number(
-    variable: &'static str,
-    expected: &'static str,
-    range: std::ops::RangeInclusive<usize>,
-) -> Result<Option<usize>> {
-    let value = match std::env::var(variable) {
-        Ok(v) => v,
-        Err(std::env::VarError::NotPresent) => return Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            return Err(Error::InvalidEnvironment {
-                variable,
-                value: v.to_string_lossy().into_owned(),
-                expected,
-            })
-        }
-    };
-    match value.trim().parse::<usize>() {
-        Ok(n) if range.contains(&n) => Ok(Some(n)),
-        _ => Err(Error::InvalidEnvironment { variable, value, expected }),
-    }
-}
+    "a byte size, such as 17179869184, 16GiB or 512MiB (each simulated device's memory; default 16 GiB)";
 
 /// The number of simulated devices from `GPUMEM_HOST_DEVICES` (1 to 64), default 2, so
 /// multi-device code paths run on any machine; read once.
@@ -65,7 +41,11 @@ fn env_number(
 /// `InvalidEnvironment` for a malformed value (every call reports it).
 pub(crate) fn device_count_checked() -> Result<usize> {
     static N: OnceLock<Result<usize>> = OnceLock::new();
-    N.get_or_init(|| Ok(env_number(DEVICES_ENV, DEVICES_FORMS, 1..=64)?.unwrap_or(DEFAULT_DEVICES))).clone()
+    N.get_or_init(|| {
+        let count = |text: &str| text.parse::<usize>().ok().filter(|n| (1..=64).contains(n));
+        Ok(crate::env::parse(DEVICES_ENV, DEVICES_FORMS, count)?.unwrap_or(DEFAULT_DEVICES))
+    })
+    .clone()
 }
 
 /// The number of simulated devices, for the backend's own tables: the default when the variable
@@ -82,8 +62,10 @@ pub(crate) fn device_count() -> usize {
 /// `InvalidEnvironment` for a malformed value (every call reports it).
 pub(crate) fn capacity_checked() -> Result<usize> {
     static C: OnceLock<Result<usize>> = OnceLock::new();
-    C.get_or_init(|| Ok(env_number(MEMORY_ENV, MEMORY_FORMS, 0..=usize::MAX)?.unwrap_or(DEFAULT_CAPACITY)))
-        .clone()
+    C.get_or_init(|| {
+        Ok(crate::env::parse(MEMORY_ENV, MEMORY_FORMS, crate::env::parse_byte_size)?.unwrap_or(DEFAULT_CAPACITY))
+    })
+    .clone()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -123,7 +105,7 @@ fn layout_of(size: usize) -> Option<Layout> {
 /// Allocates `size` zeroed bytes (a zero-size allocation still has an address of its own), for
 /// `device` (`None`: pinned host memory).
 pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize) -> Result<DevicePtr> {
-    let layout = layout_of(size).ok_or(Error::OutOfMemory { size, total: None })?;
+    let layout = layout_of(size).ok_or_else(|| Error::size_too_large(size))?;
     let capacity = capacity_checked()?;
     let mut reg = registry();
     if let Some(dev) = device {

@@ -6,7 +6,9 @@
 //!   512-byte aligned; every device can reach every other's.
 //! - Streams: each stream is a worker thread running its queue in order. The per-thread default
 //!   stream is a worker per host thread. The null and legacy streams run their work on the
-//!   caller's thread after the device's blocking streams have drained.
+//!   caller's thread after the device's blocking streams have drained. At most 1024 streams
+//!   (per-thread default streams included) are live at once: the next is refused with
+//!   `HOST_ERROR_LAUNCH_OUT_OF_RESOURCES`, as is a stream whose thread the system cannot start.
 //! - Events complete when their stream reaches them; timing uses the host clock.
 //! - Capture records a stream's operations; the graph replays them in order. Host functions
 //!   captured once run on every replay. Streams join a capture by waiting for an event recorded

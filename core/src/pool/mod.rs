@@ -104,6 +104,14 @@ pub fn round_size(size: usize) -> Option<usize> {
     size.checked_add(UNIT - 1).map(|s| s / UNIT * UNIT)
 }
 
+/// `size` rounded up to the pool's unit, or the error for a size no allocation can have (past
+/// [`MAX_ALLOCATION_SIZE`](crate::error::MAX_ALLOCATION_SIZE) once rounded).
+pub(crate) fn round_allocation(size: usize) -> Result<usize> {
+    round_size(size)
+        .filter(|&n| n <= crate::error::MAX_ALLOCATION_SIZE)
+        .ok_or_else(|| Error::size_too_large(size))
+}
+
 /// How a pool trades memory held from the device against calls to the raw allocator.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum GrowthPolicy {
@@ -202,8 +210,8 @@ struct Shared<R: RawAllocator> {
 pub type Reclaimer = Box<dyn Fn(bool) + Send + Sync>;
 
 /// The environment variable that turns expandable segments on for each new pool whose raw
-/// allocator can grow blocks in place: `1` or `true` on, `0` or `false` off (PyTorch's
-/// `expandable_segments:True`).
+/// allocator can grow blocks in place: a flag, such as `1` or `true` on, `0` or `false` off
+/// (PyTorch's `expandable_segments:True`; [the forms](crate::env)).
 pub const EXPANDABLE_SEGMENTS_ENV: &str = "GPUMEM_EXPANDABLE_SEGMENTS";
 
 /// Reads [`EXPANDABLE_SEGMENTS_ENV`]; `None` when it is not set.
@@ -216,8 +224,8 @@ pub fn expandable_segments_from_env() -> Result<Option<bool>> {
 }
 
 /// The environment variable that makes each new pool of the runtime lend free memory across
-/// streams ([`Pool::set_share_across_streams`]): `1` or `true` on, `0` or `false` off (the
-/// default, CuPy's rule).
+/// streams ([`Pool::set_share_across_streams`]): a flag, such as `1` or `true` on, `0` or
+/// `false` off (the default, CuPy's rule; [the forms](crate::env)).
 pub const SHARE_ACROSS_STREAMS_ENV: &str = "GPUMEM_SHARE_ACROSS_STREAMS";
 
 /// Reads [`SHARE_ACROSS_STREAMS_ENV`]; `None` when it is not set.
@@ -229,14 +237,9 @@ pub fn share_across_streams_from_env() -> Result<Option<bool>> {
     flag_from_env(SHARE_ACROSS_STREAMS_ENV)
 }
 
-/// An on/off environment variable: `1`, `true` or `True`; `0`, `false` or `False`.
+/// An on/off environment variable, read as [`crate::env::flag`] reads every flag.
 fn flag_from_env(variable: &'static str) -> Result<Option<bool>> {
-    let Ok(value) = std::env::var(variable) else { return Ok(None) };
-    match value.trim() {
-        "1" | "true" | "True" => Ok(Some(true)),
-        "0" | "false" | "False" => Ok(Some(false)),
-        _ => Err(Error::InvalidEnvironment { variable, value, expected: "1, true, 0 or false" }),
-    }
+    crate::env::flag(variable)
 }
 
 /// A chunk waiting for its fence before it goes back to its arena.
@@ -463,7 +466,7 @@ impl<R: RawAllocator> Pool<R> {
         if hooks::active() {
             return Ok(self.malloc_hooked(size, key, cache)?);
         }
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_allocation(size)?;
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
@@ -487,7 +490,7 @@ impl<R: RawAllocator> Pool<R> {
         key: ArenaKey,
         cache: &ArenaCache,
     ) -> Result<PooledMemory<R>, BoxedError> {
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_allocation(size)?;
         let pre = MallocEvent { device_id: self.shared.device, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire(hooks::MALLOC_PREPROCESS, |h| h.malloc_preprocess(&pre))?;
         // A hooked allocation has not looked in the cached arena yet.

@@ -84,7 +84,7 @@ where
     ///
     /// # Errors
     ///
-    /// `InvalidArgument` for a device that does not exist; the pool's creation errors (see
+    /// `NoSuchDevice` for a device that does not exist; the pool's creation errors (see
     /// [`SingleDeviceMemoryPool::new`]); `DriverNotFound` / `NoDevice`.
     pub fn device_pool(&self, device: DeviceId) -> Result<&SingleDeviceMemoryPool<B, A>> {
         let pools = match self.pools.get() {
@@ -94,9 +94,10 @@ where
                 self.pools.get_or_init(|| (0..n).map(|_| OnceLock::new()).collect())
             }
         };
-        let slot = usize::try_from(device).ok().and_then(|i| pools.get(i)).ok_or_else(|| {
-            Error::InvalidArgument(format!("device {device} does not exist ({} device(s))", pools.len()))
-        })?;
+        let slot = usize::try_from(device)
+            .ok()
+            .and_then(|i| pools.get(i))
+            .ok_or(Error::NoSuchDevice { device, count: pools.len(), backend: B::NAME })?;
         if let Some(pool) = slot.get() {
             return Ok(pool);
         }
