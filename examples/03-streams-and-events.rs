@@ -48,7 +48,7 @@ fn main() -> gpumem::Result<()> {
     let a = pool.malloc(3000)?; // rounded to 3072
     a.memset_async(1, 3000, None)?;
     println!(
-        "MemoryAsyncPool: {} bytes used, {} held, limit {}",
+        "MemoryAsyncPool: {} bytes used, {} held, limit {} (0: unlimited)",
         pool.used_bytes()?,
         pool.total_bytes()?,
         pool.get_limit()?

@@ -9,7 +9,7 @@
 # Needs a prebuilt library, made on a machine with Rust:
 #   cargo build --release -p gpumem-capi --features cuda
 #   mkdir -p .gpu/capi && cp target/release/libgpumem_capi.so .gpu/capi/ && strip .gpu/capi/libgpumem_capi.so
-# (.gpu/ is ignored by git through .git/info/exclude; send it along.) Another path:
+# (.gpu/ is ignored by git through .gitignore; send it along.) Another path:
 # GPUMEM_CAPI_LIB=... bash scripts/gpu-capi.sh. Logs and JSON go to $OUT (or /tmp/gpumem-capi).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1

@@ -1,15 +1,30 @@
 //! gpumem: a caching GPU memory runtime for Rust, on CUDA, HIP or the host.
 //!
 //! gpumem is CuPy's device-memory runtime rebuilt in Rust: a caching memory pool whose cache hit
-//! costs tens of nanoseconds, memory hooks with a JSON-lines debug printer, memory pointers whose
-//! copies and memsets are bounds-checked, streams (owned and external), events, host callbacks and
-//! CUDA graph capture. The same program runs on NVIDIA GPUs (`--features cuda`), AMD GPUs
-//! (`--features hip`, everything but capture) or, with neither, on the host backend, where device
-//! memory is host memory and streams are worker threads.
+//! costs tens of nanoseconds, memory hooks, bounds-checked memory pointers, streams, events and
+//! graph capture. The same program runs on NVIDIA GPUs (`--features cuda`), AMD GPUs
+//! (`--features hip`) or, with neither, on the CPU.
 //!
-//! This crate picks the default backend (`cuda`, else `hip`, else `host`) and exports the typed
-//! API for it under CuPy's names. Every enabled backend is also reachable by name:
-//! [`host`], and `cuda` / `hip` when their features are on.
+//! # Start here
+//!
+//! | to | start from |
+//! | --- | --- |
+//! | allocate from a caching pool | [`MemoryPool`] (`malloc`, `stats`, `set_limit`, `set_growth_policy`); [`alloc`] with the process-wide allocator |
+//! | hold typed data | [`DeviceBuffer`] (`from_slice`, `slice`, `fill_async`, `to_vec`) |
+//! | copy and set bytes, with bounds checks | [`MemoryPointer`] (what `malloc` returns) |
+//! | order and overlap work | [`Stream`], [`Event`], [`Graph`] |
+//! | see the allocations | [`DebugPrintHook`], [`Recorder`], [`LineProfileHook`], [`hooks`] |
+//! | handle what went wrong | [`Error`] |
+//!
+//! The guides walk through them: [the pool](guide::pool), [streams and events](guide::streams),
+//! [safety](guide::safety), [statistics](guide::statistics), [traces](guide::traces); then
+//! [backends and the environment](guide::environment), [C and Python](guide::c_and_python) and
+//! [what has been verified where](guide::verification).
+//!
+//! These names are aliases for the build's default backend (`cuda`, else `hip`, else `host`;
+//! with the `auto` feature, the one chosen at run time). Every enabled backend is also reachable
+//! by name: [`host`], and `cuda` / `hip` when their features are on; the generic types are in
+//! [`core`].
 //!
 //! # Example
 //!
@@ -68,6 +83,8 @@
 #[doc = include_str!("../README.md")]
 #[cfg(all(doctest, not(any(feature = "cuda", feature = "hip"))))]
 pub struct ReadmeDoctests;
+
+pub mod guide;
 
 pub use bytemuck;
 pub use gpumem_core as core;

@@ -278,19 +278,12 @@ pub unsafe extern "C" fn gpumem_get_limit(device: c_int, bytes: *mut usize) -> c
     })
 }
 
-/// The growth policies by their C names.
-const POLICIES: [(&CStr, GrowthPolicy); 4] = [
-    (c"cache_until_out_of_memory", GrowthPolicy::CacheUntilOutOfMemory),
-    (c"release_before_grow", GrowthPolicy::ReleaseBeforeGrow),
-    (c"hold_peak_in_use", GrowthPolicy::HoldPeakInUse),
-    (c"segments", GrowthPolicy::Segments),
-];
-
 /// Sets how `device`'s pool grows, by name: `"cache_until_out_of_memory"` (CuPy's rule: cached
 /// blocks stay until an allocation fails), `"release_before_grow"` (release cached whole blocks
 /// before each new one), `"hold_peak_in_use"` (hold little more than the most memory in use at
 /// once, at the price of raw calls on misses) or `"segments"` (size-classed blocks that settle:
 /// see `GrowthPolicy::Segments`; the ABI's default, with growing blocks, see module `defaults`).
+/// Other spellings of these names (`hold-peak-in-use`, `HoldPeakInUse`, any case) are accepted too.
 ///
 /// Returns 0, or -1 with [`gpumem_last_error`] set (unknown name or device). Thread-safe.
 ///
@@ -305,11 +298,9 @@ pub unsafe extern "C" fn gpumem_set_growth_policy(device: c_int, name: *const c_
         }
         // SAFETY: the caller gives a NUL-terminated string.
         let name = unsafe { CStr::from_ptr(name) };
-        let Some((_, policy)) = POLICIES.iter().find(|(n, _)| *n == name) else {
-            let known: Vec<_> = POLICIES.iter().map(|(n, _)| n.to_string_lossy()).collect();
-            return fail!("unknown growth policy {name:?}; known: {}", known.join(", "));
-        };
-        pool::device_pool(device)?.set_growth_policy(*policy);
+        // gpumem's one spelling of the names, and the others it accepts (`GrowthPolicy`'s `FromStr`).
+        let policy: GrowthPolicy = name.to_string_lossy().parse()?;
+        pool::device_pool(device)?.set_growth_policy(policy);
         Ok(0)
     })
 }
@@ -320,9 +311,7 @@ pub unsafe extern "C" fn gpumem_set_growth_policy(device: c_int, name: *const c_
 #[no_mangle]
 pub extern "C" fn gpumem_get_growth_policy(device: c_int) -> *const c_char {
     call("gpumem_get_growth_policy", std::ptr::null(), || {
-        let policy = pool::device_pool(device)?.growth_policy();
-        let (name, _) = POLICIES.iter().find(|(_, p)| *p == policy).expect("every policy has a name");
-        Ok(name.as_ptr())
+        Ok(pool::device_pool(device)?.growth_policy().c_name().as_ptr())
     })
 }
 

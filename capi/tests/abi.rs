@@ -405,8 +405,8 @@ fn limit_policy_and_cache_control() {
     assert_eq!(
         last_error().as_deref(),
         Some(
-            "gpumem_set_growth_policy: unknown growth policy \"largest_first\"; known: cache_until_out_of_memory, \
-             release_before_grow, hold_peak_in_use, segments"
+            "gpumem_set_growth_policy: invalid argument: unknown growth policy \"largest_first\"; the policies are \
+             cache_until_out_of_memory, release_before_grow, hold_peak_in_use, segments"
         )
     );
     // SAFETY: null is refused.

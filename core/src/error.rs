@@ -82,7 +82,7 @@ pub enum Error {
     },
 
     /// A copy, memset or offset reaches outside the memory it names. Nothing was done.
-    #[error("out of bounds: {operation} of {len} bytes at offset {offset} of a {size}-byte allocation")]
+    #[error("{}", out_of_bounds_message(operation, *offset, *len, *size))]
     OutOfBounds {
         /// What was refused (`"memset"`, `"copy_from_device source"`, ...).
         operation: &'static str,
@@ -105,7 +105,7 @@ pub enum Error {
     InvalidArgument(String),
 
     /// The source and destination of a device copy overlap. Nothing was copied.
-    #[error("copy of {size} bytes from 0x{src:x} to 0x{dst:x}: source and destination overlap")]
+    #[error("copy of {} from 0x{src:x} to 0x{dst:x}: source and destination overlap", Bytes(*size))]
     Overlap {
         /// The source address.
         src: usize,
@@ -165,7 +165,9 @@ pub enum Error {
     /// A raw allocator returned a block that cannot hold what was asked for (too small, null, at
     /// the end of the address space, or on another device). Nothing was lent from it.
     #[error(
-        "the raw allocator returned {size} bytes at 0x{address:x} on device {block_device} for a request of {requested} bytes on device {device}"
+        "the raw allocator returned {} at 0x{address:x} on device {block_device} for a request of {} on device {device}",
+        Bytes(*size),
+        Bytes(*requested)
     )]
     InvalidRawBlock {
         /// The bytes asked for.
@@ -356,18 +358,46 @@ impl fmt::Debug for Error {
 /// where CuPy puts one.
 fn out_of_memory_message(size: usize, total: Option<usize>, limit: usize) -> String {
     match (total, limit) {
-        (None, _) => format!("Out of memory allocating {} bytes", Thousands(size)),
-        (Some(total), 0) => format!(
-            "Out of memory allocating {} bytes (allocated so far: {} bytes).",
-            Thousands(size),
-            Thousands(total)
-        ),
+        (None, _) => format!("Out of memory allocating {}", Bytes(size)),
+        (Some(total), 0) => {
+            format!("Out of memory allocating {} (allocated so far: {}).", Bytes(size), Bytes(total))
+        }
         (Some(total), limit) => format!(
-            "Out of memory allocating {} bytes (allocated so far: {} bytes, limit set to: {} bytes).",
-            Thousands(size),
-            Thousands(total),
-            Thousands(limit)
+            "Out of memory allocating {} (allocated so far: {}, limit set to: {}).",
+            Bytes(size),
+            Bytes(total),
+            Bytes(limit)
         ),
+    }
+}
+
+/// The operations whose `size` is a host slice's length rather than device memory's
+/// (`runtime/transfer.rs` names them so).
+const HOST_SLICE_OPERATIONS: [&str; 2] = ["copy_from_host source", "copy_to_host destination"];
+
+/// `OutOfBounds`'s message: what was refused, against the memory it names (an allocation or a
+/// host slice); an offset alone (`len` 0) is said as such rather than as "0 bytes".
+fn out_of_bounds_message(operation: &str, offset: isize, len: usize, size: usize) -> String {
+    if HOST_SLICE_OPERATIONS.contains(&operation) {
+        return format!("out of bounds: {operation} of {} from a host slice of {}", Bytes(len), Bytes(size));
+    }
+    if len == 0 {
+        return format!("out of bounds: {operation} {offset} is outside an allocation of {}", Bytes(size));
+    }
+    format!(
+        "out of bounds: {operation} of {} at offset {offset} of an allocation of {}",
+        Bytes(len),
+        Bytes(size)
+    )
+}
+
+/// A byte count as a reader says it: `1 byte`, `1,024 bytes` (thousands separated as Python's `{:,}`).
+pub(crate) struct Bytes(pub usize);
+
+impl fmt::Display for Bytes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let unit = if self.0 == 1 { "byte" } else { "bytes" };
+        write!(f, "{} {unit}", Thousands(self.0))
     }
 }
 
@@ -443,5 +473,29 @@ mod tests {
             source: HookError::from("refused").into(),
         };
         assert_eq!(format!("{hook:?}"), "Hook: memory hook h failed in malloc_preprocess: refused");
+    }
+    #[test]
+    fn byte_counts_read_as_words() {
+        assert_eq!(Bytes(1).to_string(), "1 byte");
+        assert_eq!(Bytes(0).to_string(), "0 bytes");
+        assert_eq!(Bytes(4096).to_string(), "4,096 bytes");
+        let limit = Error::LimitExceeded { size: 1, total: 1024, limit: 1 };
+        assert!(limit.to_string().ends_with("limit set to: 1 byte)."), "{limit}");
+        let memset = Error::OutOfBounds { operation: "memset", offset: 1023, len: 1, size: 1024 };
+        assert_eq!(
+            memset.to_string(),
+            "out of bounds: memset of 1 byte at offset 1023 of an allocation of 1,024 bytes"
+        );
+        let slice = Error::OutOfBounds { operation: "copy_from_host source", offset: 0, len: 8, size: 4 };
+        assert_eq!(
+            slice.to_string(),
+            "out of bounds: copy_from_host source of 8 bytes from a host slice of 4 bytes"
+        );
+        let offset =
+            Error::OutOfBounds { operation: "MemoryPointer offset", offset: 1 << 40, len: 0, size: 512 };
+        assert_eq!(
+            offset.to_string(),
+            "out of bounds: MemoryPointer offset 1099511627776 is outside an allocation of 512 bytes"
+        );
     }
 }

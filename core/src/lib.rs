@@ -82,6 +82,7 @@ pub mod error;
 #[allow(unsafe_code)] // declares the contract's unsafe operations
 pub mod hal;
 pub mod hooks;
+mod policy_names;
 pub mod pool;
 pub mod runtime;
 

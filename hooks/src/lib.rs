@@ -66,6 +66,8 @@
 mod debug_print;
 #[cfg(feature = "line-profile")]
 mod line_profile;
+#[cfg(feature = "line-profile")]
+mod line_tables;
 mod recorder;
 #[cfg(feature = "line-profile")]
 mod site;

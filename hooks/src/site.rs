@@ -73,6 +73,7 @@ impl SiteFinder {
             let function = format!("{name:#}");
             let file = symbol.filename();
             if is_user_frame(&function, file, &self.skipped) {
+                crate::line_tables::note(file.is_some(), symbol.lineno().is_some());
                 let line = symbol.lineno().unwrap_or(0);
                 let file = file.map_or_else(|| "??".into(), |f| f.display().to_string());
                 found = Some(json_string(&format!("{file}:{line}:{function}")));

@@ -94,6 +94,7 @@ impl StackCapture {
             let function = format!("{name:#}");
             let file = symbol.filename();
             if is_user_frame(&function, file, &self.skipped) {
+                crate::line_tables::note(file.is_some(), symbol.lineno().is_some());
                 found.push(StackFrame {
                     file: file.map_or_else(|| "??".to_owned(), |f| f.display().to_string()),
                     line: symbol.lineno().unwrap_or(0),

@@ -392,6 +392,27 @@ pub struct StreamStats {
     pub largest: u64,
 }
 
+/// Nanoseconds for people: `850 ns`, `12.3 µs`, `7.09 ms`, `1.80 s` (three significant digits).
+#[must_use]
+pub fn human_time(ns: u64) -> String {
+    const UNITS: [(f64, &str); 3] = [(1e9, "s"), (1e6, "ms"), (1e3, "µs")];
+    let v = ns as f64;
+    for (scale, unit) in UNITS {
+        if v >= scale {
+            let x = v / scale;
+            let digits = if x >= 100.0 {
+                0
+            } else if x >= 10.0 {
+                1
+            } else {
+                2
+            };
+            return format!("{x:.digits$} {unit}");
+        }
+    }
+    format!("{ns} ns")
+}
+
 /// `bytes` for people: `1.5 MiB`.
 #[must_use]
 pub fn human_bytes(bytes: u64) -> String {
@@ -416,7 +437,7 @@ impl Stats {
         use std::fmt::Write as _;
         let mut s = String::new();
         let b = |v: u64| format!("{v} ({})", human_bytes(v));
-        let _ = writeln!(s, "steps                 {}", self.steps);
+        let _ = writeln!(s, "events                {}", self.steps);
         let _ = writeln!(
             s,
             "pool allocations      {} ({} freed, {} live at end, {} failed)",
@@ -433,7 +454,7 @@ impl Stats {
             );
         }
         let _ = writeln!(s, "bytes requested       {}", b(self.bytes_requested));
-        let _ = writeln!(s, "peak in use           {} at step {}", b(self.peak_in_use), self.peak_step);
+        let _ = writeln!(s, "peak in use           {} at event {}", b(self.peak_in_use), self.peak_step);
         let _ = writeln!(s, "peak in use, rounded  {}", b(self.peak_in_use_rounded));
         let _ = writeln!(s, "raw allocations       {} ({})", self.raw_allocs, b(self.raw_bytes_allocated));
         let _ = writeln!(s, "raw frees             {}", self.raw_frees);
@@ -493,6 +514,13 @@ impl Stats {
                     human_bytes(site.largest),
                     site.live_at_end,
                     site.site
+                );
+            }
+            if self.sites.iter().any(|site| site.site.starts_with("??:0:")) {
+                let _ = writeln!(
+                    s,
+                    "note: sites `??:0:...` have no file or line: the recorded program was built without line \
+                     tables; build it with `[profile.release] debug = \"line-tables-only\"` to see them"
                 );
             }
         }
@@ -591,5 +619,13 @@ mod tests {
         let s = t.stats(0).unwrap();
         assert_eq!((s.raw_allocs, s.raw_frees, s.peak_held, s.raw_bytes_allocated), (3, 2, 1500, 2200));
         assert_eq!(t.unmatched_raw_frees, 1);
+    }
+    #[test]
+    fn times_read_in_their_unit() {
+        assert_eq!(human_time(850), "850 ns");
+        assert_eq!(human_time(12_345), "12.3 µs");
+        assert_eq!(human_time(7_093_467), "7.09 ms");
+        assert_eq!(human_time(179_510_155), "180 ms");
+        assert_eq!(human_time(1_800_000_000), "1.80 s");
     }
 }

@@ -4,6 +4,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter, Write};
 use std::path::{Path, PathBuf};
 
+use crate::analysis::human_bytes;
 use crate::plot::{self, ColorBy, PlotOptions};
 use crate::recommend;
 use crate::replay::{self, ReplayOptions};
@@ -121,11 +122,55 @@ fn progress(len: u64, what: &str) -> ProgressBar {
 }
 
 fn read_trace(path: &Path) -> Result<Trace> {
+    refuse_pickle(path)?;
     let bar = ProgressBar::new_spinner().with_message(format!("reading {}", path.display()));
     bar.enable_steady_tick(std::time::Duration::from_millis(120));
     let t = format::read_file(path);
     bar.finish_and_clear();
     t
+}
+
+/// A pickle (a PyTorch memory snapshot, most likely) given where a trace is read: said as such,
+/// with the command that converts it, rather than as the text reader's "not valid UTF-8".
+fn refuse_pickle(path: &Path) -> Result<()> {
+    if path.as_os_str() == "-" {
+        return Ok(());
+    }
+    let mut head = [0u8; 2];
+    let read = File::open(path)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut head))
+        .map_err(|e| Error::File { path: path.to_owned(), source: e })?;
+    // Pickle protocols 2 to 5 open with the PROTO opcode (0x80) and the protocol's number.
+    if read == 2 && head[0] == 0x80 && (2..=5).contains(&head[1]) {
+        return Err(Error::InvalidArgument(format!(
+            "{}: this is a Python pickle (a PyTorch memory snapshot?), not a gpumem trace; convert it first: \
+             gpumem-trace import --from pytorch {} -o run.trace",
+            path.display(),
+            path.display()
+        )));
+    }
+    Ok(())
+}
+
+/// What `plot` writes, from the output's extension: `.html` (or `-`, standard output) or `.svg`.
+fn plot_format(output: &Path) -> Result<PlotFormat> {
+    if output.as_os_str() == "-" {
+        return Ok(PlotFormat::Html);
+    }
+    match output.extension().and_then(|e| e.to_str()).map(str::to_ascii_lowercase).as_deref() {
+        Some("html" | "htm") => Ok(PlotFormat::Html),
+        Some("svg") => Ok(PlotFormat::Svg),
+        _ => Err(Error::InvalidArgument(format!(
+            "-o {}: plot writes an interactive page (.html) or a static image (.svg); name the output so",
+            output.display()
+        ))),
+    }
+}
+
+/// The two kinds of page `plot` writes.
+enum PlotFormat {
+    Html,
+    Svg,
 }
 
 /// A file to write, or `out` for `-`.
@@ -213,7 +258,7 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&results).expect("results serialise"))?;
             } else {
-                writeln!(out, "{} steps replayed on the host backend", steps.len())?;
+                writeln!(out, "{} events replayed on the host backend", steps.len())?;
                 if timeline.lost_frees > 0 {
                     writeln!(
                         out,
@@ -238,8 +283,8 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                         out,
                         "{:<28} {:>16} {:>16} {:>8.3} {:>10} {:>10} {:>20}",
                         r.policy,
-                        r.peak_held,
-                        r.peak_in_use,
+                        human_bytes(r.peak_held),
+                        human_bytes(r.peak_in_use),
                         r.ratio,
                         r.raw_allocs,
                         r.raw_frees,
@@ -271,13 +316,16 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             }
         }
         Command::Plot { file, output, color_by, max_bands, title } => {
+            let format = plot_format(&output)?;
             let trace = read_trace(&file)?;
             let title = title.unwrap_or_else(|| {
                 file.file_name().map_or_else(|| "gpumem trace".into(), |n| n.to_string_lossy().into_owned())
             });
             let layout = plot::layout(&Timeline::new(&trace), &PlotOptions { max_bands, color_by, title })?;
-            let svg = output.extension().is_some_and(|e| e.eq_ignore_ascii_case("svg"));
-            let text = if svg { plot::svg(&layout) } else { plot::html(&layout) };
+            let text = match format {
+                PlotFormat::Html => plot::html(&layout),
+                PlotFormat::Svg => plot::svg(&layout),
+            };
             let mut w = create(&output, out)?;
             w.write_all(text.as_bytes())?;
             w.flush()?;

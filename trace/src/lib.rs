@@ -6,7 +6,7 @@
 //! gpumem-trace import --from cupy debug_print.jsonl -o run.trace
 //! gpumem-trace import --from pytorch snapshot.pickle -o run.trace
 //! gpumem-trace stats run.trace
-//! gpumem-trace replay run.trace [--policy hold-peak-in-use]
+//! gpumem-trace replay run.trace [--policy hold_peak_in_use]
 //! gpumem-trace plot run.trace -o run.html        # or -o run.svg
 //! ```
 //!

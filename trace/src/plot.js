@@ -82,7 +82,7 @@
       el("line", { x1: px, x2: px, y1: 0, y2: 4 }, xAxis);
       el("text", { x: px, y: 16, "text-anchor": "middle" }, xAxis).textContent = String(Math.round(t));
     }
-    xLabel.textContent = "step (one per allocation or free): " + Math.round(t0) + " to " + Math.round(t0 + span) +
+    xLabel.textContent = "event (one per allocation or free): " + Math.round(t0) + " to " + Math.round(t0 + span) +
       (span < data.steps ? " of " + data.steps + " (double-click to reset)" : "");
   }
   function stepAt(clientX) {
@@ -142,7 +142,7 @@
 
   const own = data.allocations_drawn, merged = data.allocations_merged;
   document.getElementById("summary").textContent = own + merged + " allocations over " + data.steps +
-    " steps, peak " + bytes(data.y_max) + (merged ? "; the " + merged + " smallest drawn as one grey band" : "") +
+    " events, peak " + bytes(data.y_max) + (merged ? "; the " + merged + " smallest drawn as one grey band" : "") +
     (data.time_ns ? "; " + ((data.time_ns[1] - data.time_ns[0]) / 1e6).toFixed(3) + " ms recorded" : "") + ".";
   redraw();
   document.body.setAttribute("data-bands", String(drawn));

@@ -9,7 +9,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::analysis::{human_bytes, Allocation, Timeline};
+use crate::analysis::{human_bytes, human_time, Allocation, Timeline};
 use crate::error::{Error, Result};
 
 /// What colours the bands.
@@ -115,14 +115,14 @@ fn info(a: &Allocation) -> String {
     }
     let _ = write!(
         s,
-        "\nsteps {} to {}",
+        "\nevents {} to {}",
         a.start,
         a.end.map_or_else(|| "the end (never freed)".to_owned(), |e| e.to_string())
     );
     if let (Some(t0), end) = (a.start_ns, a.end_ns) {
-        let _ = write!(s, "\ntime {t0} ns");
+        let _ = write!(s, "\ntime {}", human_time(t0));
         if let Some(t1) = end {
-            let _ = write!(s, " to {t1} ns ({} ns live)", t1.saturating_sub(t0));
+            let _ = write!(s, " to {} ({} live)", human_time(t1), human_time(t1.saturating_sub(t0)));
         }
     }
     if let Some(site) = &a.site {
@@ -304,7 +304,7 @@ pub fn html(layout: &Layout) -> String {
         "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n<title>{title}</title>\n\
          <style>\n{STYLE}</style>\n</head>\n<body>\n<h1>{title}</h1>\n\
          <p id=\"summary\"></p>\n<div id=\"plot\"></div>\n<div id=\"legend\"></div>\n<div id=\"tip\" hidden></div>\n\
-         <p class=\"help\">Wheel over the plot to zoom the time axis, drag to pan, double-click to reset. \
+         <p class=\"help\">Wheel over the plot to zoom the event axis (one event per allocation or free), drag to pan, double-click to reset. \
          Hover a band for its allocation.</p>\n\
          <script id=\"trace-data\" type=\"application/json\">{data}</script>\n<script>\n{SCRIPT}</script>\n</body>\n</html>\n"
     )
@@ -397,7 +397,7 @@ pub fn svg(layout: &Layout) -> String {
         let py = y(v);
         let _ = writeln!(s, "<line x1=\"{l}\" y1=\"{py:.1}\" x2=\"{LEFT}\" y2=\"{py:.1}\"/><text stroke=\"none\" x=\"{tx}\" y=\"{ty:.1}\" text-anchor=\"end\">{}</text>", human_bytes(v), l = LEFT - 4.0, tx = LEFT - 6.0, ty = py + 4.0);
     }
-    let _ = writeln!(s, "<text stroke=\"none\" x=\"{cx}\" y=\"{ty}\" text-anchor=\"middle\">step (one per allocation or free)</text>", cx = LEFT + pw / 2.0, ty = TOP + ph + 32.0);
+    let _ = writeln!(s, "<text stroke=\"none\" x=\"{cx}\" y=\"{ty}\" text-anchor=\"middle\">event (one per allocation or free)</text>", cx = LEFT + pw / 2.0, ty = TOP + ph + 32.0);
     let _ = writeln!(s, "</g>");
     for (i, e) in layout.legend.iter().take(12).enumerate() {
         let ly = HEIGHT + 10.0 + 16.0 * i as f64;

@@ -18,37 +18,24 @@ use crate::analysis::Timeline;
 use crate::error::{Error, Result};
 
 /// Every growth policy of the pool, in declaration order.
-pub const POLICIES: [GrowthPolicy; 4] = [
-    GrowthPolicy::CacheUntilOutOfMemory,
-    GrowthPolicy::ReleaseBeforeGrow,
-    GrowthPolicy::HoldPeakInUse,
-    GrowthPolicy::Segments,
-];
+pub const POLICIES: [GrowthPolicy; 4] = GrowthPolicy::ALL;
 
-/// A policy's command-line name.
+/// A policy's name, as gpumem spells it everywhere (`hold_peak_in_use`).
 #[must_use]
 pub fn policy_name(policy: GrowthPolicy) -> &'static str {
-    // Exhaustive, so a new policy does not build until it has a name (and a place in POLICIES).
-    match policy {
-        GrowthPolicy::CacheUntilOutOfMemory => "cache-until-out-of-memory",
-        GrowthPolicy::ReleaseBeforeGrow => "release-before-grow",
-        GrowthPolicy::HoldPeakInUse => "hold-peak-in-use",
-        GrowthPolicy::Segments => "segments",
-    }
+    policy.name()
 }
 
-/// The policy named `name`: its command-line name or its Rust name (`HoldPeakInUse`), in any
-/// case.
+/// The policy named `name`: `hold_peak_in_use`, or another spelling of it (`hold-peak-in-use`,
+/// `HoldPeakInUse`), in any case.
 ///
 /// # Errors
 ///
 /// [`Error::InvalidArgument`] listing the names for an unknown one.
 pub fn parse_policy(name: &str) -> Result<GrowthPolicy> {
-    let wanted: String =
-        name.chars().filter(|c| c.is_ascii_alphanumeric()).collect::<String>().to_lowercase();
-    POLICIES.into_iter().find(|p| policy_name(*p).replace('-', "") == wanted).ok_or_else(|| {
-        let names: Vec<&str> = POLICIES.iter().map(|p| policy_name(*p)).collect();
-        Error::InvalidArgument(format!("unknown policy {name:?}; the policies are {}", names.join(", ")))
+    name.parse::<GrowthPolicy>().map_err(|e| match e {
+        gpumem::Error::InvalidArgument(message) => Error::InvalidArgument(message),
+        other => Error::InvalidArgument(other.to_string()),
     })
 }
 
@@ -368,9 +355,10 @@ mod tests {
         for p in POLICIES {
             assert_eq!(parse_policy(policy_name(p)).unwrap(), p);
             assert_eq!(parse_policy(&format!("{p:?}")).unwrap(), p);
+            assert_eq!(parse_policy(&policy_name(p).replace('_', "-")).unwrap(), p);
         }
         assert!(
-            matches!(parse_policy("lru"), Err(Error::InvalidArgument(m)) if m.contains("hold-peak-in-use"))
+            matches!(parse_policy("lru"), Err(Error::InvalidArgument(m)) if m.contains("hold_peak_in_use"))
         );
     }
 

@@ -123,7 +123,7 @@ fn a_gpumem_debug_print_file_imports_and_replays_to_the_pools_own_peaks() {
     // Replayed with the policy that recorded it, the pool makes the same raw calls.
     let r = json(&["replay", "--json", "--policy", "cache-until-out-of-memory", out.to_str().unwrap()]);
     let r = &r[0];
-    assert_eq!(r["policy"], "cache-until-out-of-memory");
+    assert_eq!(r["policy"], "cache_until_out_of_memory");
     assert_eq!(r["peak_held"], rec.peak_total as u64);
     assert_eq!(r["peak_in_use"], rec.peak_requested);
     assert_eq!(r["raw_allocs"], raw_lines as u64);
@@ -270,9 +270,9 @@ fn bad_options_are_clear_errors() {
     std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
     let sample = sample_path.to_str().unwrap();
     // Expandable segments replay every policy (they were refused before the pool had them).
-    assert!(tool(&["replay", "--expandable", sample]).contains("hold-peak-in-use"));
+    assert!(tool(&["replay", "--expandable", sample]).contains("hold_peak_in_use"));
     assert!(tool(&["replay", "--share-across-streams", sample]).contains("lent across"));
-    assert!(tool_error(&["replay", "--policy", "lru", sample]).contains("unknown policy \"lru\""));
+    assert!(tool_error(&["replay", "--policy", "lru", sample]).contains("unknown growth policy \"lru\""));
     assert!(tool_error(&["stats", "/nonexistent/trace"]).contains("/nonexistent/trace"));
     assert!(tool_error(&["import", "--from", "matlab", sample, "-o", "-"]).contains("matlab"));
     let mut help = Vec::new();
@@ -297,4 +297,33 @@ fn plot_writes_a_page_or_an_svg() {
     assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
     assert_eq!(svg.matches("class=\"band\"").count(), 1);
     assert!(svg.contains("24 B (24 B requested, 512 B lent)"), "the hover text");
+}
+
+#[test]
+fn plot_refuses_an_output_it_cannot_write() {
+    let sample_path = tmp("cupy-sample-png.jsonl");
+    std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
+    let png = tmp("sample.png");
+    let e = tool_error(&["plot", sample_path.to_str().unwrap(), "-o", png.to_str().unwrap()]);
+    assert!(e.contains(".html") && e.contains(".svg"), "{e}");
+    assert!(!png.exists(), "nothing written under a .png name");
+}
+
+#[test]
+fn stats_says_a_pytorch_pickle_needs_importing() {
+    let pickle = concat!(env!("CARGO_MANIFEST_DIR"), "/fixtures/synthetic_torch_snapshot.pickle");
+    let e = tool_error(&["stats", pickle]);
+    assert!(e.contains("pickle") && e.contains("gpumem-trace import --from pytorch"), "{e}");
+}
+
+#[test]
+fn reports_count_events_and_give_units() {
+    let sample_path = tmp("cupy-sample-units.jsonl");
+    std::fs::write(&sample_path, CUPY_SAMPLE).unwrap();
+    let sample = sample_path.to_str().unwrap();
+    let stats = tool(&["stats", sample]);
+    assert!(stats.contains("\nevents ") || stats.starts_with("events "), "{stats}");
+    assert!(stats.contains(" at event ") && !stats.contains("step"), "{stats}");
+    let table = tool(&["replay", sample]);
+    assert!(table.contains("events replayed") && table.contains(" B "), "{table}");
 }

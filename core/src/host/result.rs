@@ -72,11 +72,84 @@ impl Code {
     }
 }
 
-/// A host backend error for `api` (named as the CUDA driver call it stands for).
+/// A host backend error for `api` (named in the code as the CUDA driver call it stands for). The
+/// error names the host operation instead (the backend contract's function, `event_elapsed_ms`):
+/// a program on the CPU has called no CUDA function.
 pub(crate) fn err(api: &'static str, code: Code, detail: Option<String>) -> Error {
     let message = match detail {
         Some(d) => format!("{}: {d}", code.text()),
         None => code.text().to_owned(),
     };
-    Error::backend("host", api, code as i64, code.name(), message)
+    Error::backend("host", operation(api), code as i64, code.name(), message)
+}
+
+/// The backend contract's name for the host operation that stands for CUDA's `api`.
+fn operation(api: &'static str) -> &'static str {
+    match api {
+        "cuCtxEnablePeerAccess" => "enable_peer_access",
+        "cuCtxGetStreamPriorityRange" => "stream_priority_range",
+        "cuCtxSetCurrent" => "set_device",
+        "cuCtxSynchronize" => "device_synchronize",
+        "cuDeviceCanAccessPeer" => "can_access_peer",
+        "cuDeviceGetAttribute" => "device_properties",
+        "cuEventCreate" => "event_create",
+        "cuEventElapsedTime" => "event_elapsed_ms",
+        "cuEventQuery" => "event_query",
+        "cuEventRecord" => "event_record",
+        "cuEventSynchronize" => "event_synchronize",
+        "cuGraphLaunch" => "graph_launch",
+        "cuGraphUpload" => "graph_upload",
+        "cuLaunchHostFunc" => "launch_host_func",
+        "cuMemAddressFree" => "vm_free_range",
+        "cuMemAddressReserve" => "vm_reserve",
+        "cuMemAlloc" => "malloc",
+        "cuMemAllocAsync" => "malloc_async",
+        "cuMemCreate" => "vm_create",
+        "cuMemFree" => "free",
+        "cuMemFreeAsync" => "free_async",
+        "cuMemFreeHost" => "free_host",
+        "cuMemGetAllocationGranularity" => "vm_granularity",
+        "cuMemGetInfo" => "mem_get_info",
+        "cuMemHostAlloc" => "malloc_host",
+        "cuMemMap" => "vm_map",
+        "cuMemPoolGetAttribute" => "async_pool_attribute",
+        "cuMemPoolSetAttribute" => "async_pool_set_release_threshold",
+        "cuMemPoolTrimTo" => "async_pool_trim_to",
+        "cuMemRelease" => "vm_release",
+        "cuMemSetAccess" => "vm_set_access",
+        "cuMemUnmap" => "vm_unmap",
+        "cuMemcpy" => "memcpy",
+        "cuMemcpyAsync" => "memcpy_async",
+        "cuMemsetD8" => "memset",
+        "cuMemsetD8Async" => "memset_async",
+        "cuStreamAddCallback" => "add_callback",
+        "cuStreamBeginCapture" => "begin_capture",
+        "cuStreamCreate" => "stream_create",
+        "cuStreamCreateWithPriority" => "stream_create",
+        "cuStreamDestroy" => "stream_destroy",
+        "cuStreamEndCapture" => "end_capture",
+        "cuStreamGetCaptureInfo" => "capture_status",
+        "cuStreamGetFlags" => "stream_flags",
+        "cuStreamGetPriority" => "stream_priority",
+        "cuStreamQuery" => "stream_query",
+        "cuStreamSynchronize" => "stream_synchronize",
+        "cuStreamWaitEvent" => "stream_wait_event",
+        other => other,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_errors_name_host_operations() {
+        let e = err("cuEventElapsedTime", Code::InvalidHandle, Some("not recorded".into()));
+        assert_eq!(
+            e.to_string(),
+            "event_elapsed_ms failed: HOST_ERROR_INVALID_HANDLE (400): invalid resource handle: not recorded"
+        );
+        let e = err("cuStreamEndCapture", Code::IllegalState, None);
+        assert!(e.to_string().starts_with("end_capture failed: "), "{e}");
+    }
 }

@@ -73,8 +73,8 @@ impl<T: Pod, B: Runtime> fmt::Debug for DeviceBuffer<T, B> {
 fn byte_len<T>(len: usize, operation: &'static str) -> Result<usize> {
     len.checked_mul(size_of::<T>()).ok_or_else(|| {
         Error::InvalidArgument(format!(
-            "{operation}: {len} elements of {} bytes overflow usize",
-            size_of::<T>()
+            "{operation}: {len} elements of {} overflow usize",
+            crate::error::Bytes(size_of::<T>())
         ))
     })
 }

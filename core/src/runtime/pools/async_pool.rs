@@ -264,7 +264,7 @@ pub fn malloc_async<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
 /// let p = pool.malloc(1000)?; // rounded to 1024 bytes
 /// p.memset(1, 1000)?;
 /// assert!(pool.used_bytes()? >= 1024);
-/// assert_eq!(pool.get_limit()?, usize::MAX, "no limit: the release threshold is at its maximum");
+/// assert_eq!(pool.get_limit()?, 0, "no limit: 0, as every pool says it");
 /// pool.set_limit(Limit::Bytes(1 << 20))?;
 /// assert_eq!(pool.get_limit()?, 1 << 20);
 /// pool.set_limit(Limit::Bytes(0))?; // unlimited again
@@ -317,7 +317,7 @@ impl<B: Runtime> MemoryAsyncPool<B> {
         let mut limit = 0;
         if free < rounded {
             limit = self.get_limit()?;
-            if limit.max(total) < total.saturating_add(rounded) {
+            if limit != 0 && limit.max(total) < total.saturating_add(rounded) {
                 return Err(Error::LimitExceeded { size, total, limit });
             }
         }
@@ -422,14 +422,18 @@ impl<B: Runtime> MemoryAsyncPool<B> {
         B::async_pool_set_release_threshold(device, threshold)
     }
 
-    /// The current device's limit in bytes: the release threshold, `usize::MAX` without a limit
-    /// (CuPy returns `2**64-1`).
+    /// The current device's limit in bytes: the release threshold; 0 when unlimited, as every
+    /// pool's `get_limit` and [`Limit::Bytes`] say it (CuPy returns the threshold's maximum,
+    /// `2**64-1`, here: gpumem spells unlimited one way).
     ///
     /// # Errors
     ///
     /// `Unsupported`; the runtime's error.
     pub fn get_limit(&self) -> Result<usize> {
-        self.attribute(AsyncPoolAttribute::ReleaseThreshold)
+        match self.attribute(AsyncPoolAttribute::ReleaseThreshold)? {
+            usize::MAX => Ok(0),
+            bytes => Ok(bytes),
+        }
     }
 
     fn attribute(&self, attribute: AsyncPoolAttribute) -> Result<usize> {

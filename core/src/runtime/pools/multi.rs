@@ -182,11 +182,19 @@ where
         self.existing_current().map_or(0, SingleDeviceMemoryPool::total_bytes)
     }
 
-    /// The statistics of the current device's pool; `None` before it made its first
-    /// allocation (see [`SingleDeviceMemoryPool::stats`]).
+    /// The statistics of the current device's pool (see [`SingleDeviceMemoryPool::stats`]);
+    /// zeros before its first allocation, so a loop reads them without a case for "not yet".
     #[must_use]
-    pub fn stats(&self) -> Option<PoolStats> {
-        self.existing_current().map(SingleDeviceMemoryPool::stats)
+    pub fn stats(&self) -> PoolStats {
+        match self.existing_current() {
+            Some(p) => p.stats(),
+            None => PoolStats {
+                device: current_device::<B>(),
+                all: MemoryStats::default(),
+                peaks_exact: true,
+                arenas: Vec::new(),
+            },
+        }
     }
 
     /// Resets the peaks of the current device's pool.
@@ -199,16 +207,7 @@ where
     /// The current device's pool as a table; a table of zeros before its first allocation.
     #[must_use]
     pub fn memory_summary(&self) -> String {
-        match self.existing_current() {
-            Some(p) => p.memory_summary(),
-            None => PoolStats {
-                device: current_device::<B>(),
-                all: MemoryStats::default(),
-                peaks_exact: true,
-                arenas: Vec::new(),
-            }
-            .to_string(),
-        }
+        self.stats().to_string()
     }
 
     /// Free chunks on the current device.
