@@ -82,6 +82,7 @@ pub mod hal;
 pub mod hooks;
 pub mod pool;
 pub mod runtime;
+pub mod trace;
 
 #[allow(unsafe_code)]
 pub mod host;
