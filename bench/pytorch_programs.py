@@ -28,6 +28,7 @@ Usage: python3 bench/pytorch_programs.py PROGRAM --allocator torch|gpumem [--lib
        python3 bench/pytorch_programs.py --table RESULTS.jsonl
 """
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -43,33 +44,32 @@ def seeded(torch, seed):
     torch.cuda.manual_seed_all(seed)
 
 
-def cnn(torch, steps):
-    import torchvision
-    model = torchvision.models.resnet50(weights=None, num_classes=1000).cuda()
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+def vision_training(torch, steps, model, opt, dtype):
+    """Training steps of an image classifier on one batch of 64 224x224 images, under autocast to
+    `dtype` (None: fp32)."""
     x = torch.randn(64, 3, 224, 224, device="cuda")
     y = torch.randint(0, 1000, (64,), device="cuda")
     for _ in range(steps):
-        loss = torch.nn.functional.cross_entropy(model(x), y)
+        with torch.autocast("cuda", dtype=dtype) if dtype else contextlib.nullcontext():
+            loss = torch.nn.functional.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
         yield loss
+
+
+def cnn(torch, steps):
+    import torchvision
+    model = torchvision.models.resnet50(weights=None, num_classes=1000).cuda()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    return vision_training(torch, steps, model, opt, None)
 
 
 def vit(torch, steps):
     import torchvision
     model = torchvision.models.vit_b_16(weights=None).cuda()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    x = torch.randn(64, 3, 224, 224, device="cuda")
-    y = torch.randint(0, 1000, (64,), device="cuda")
-    for _ in range(steps):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = torch.nn.functional.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        yield loss
+    return vision_training(torch, steps, model, opt, torch.bfloat16)
 
 
 def bert(torch, steps):

@@ -4,12 +4,8 @@
 
 use gpumem_capi::*;
 
-fn stats(device: i32) -> GpumemStats {
-    let mut s = GpumemStats::default();
-    // SAFETY: `s` is a valid out-pointer.
-    assert_eq!(unsafe { gpumem_get_stats(device, &mut s) }, 0);
-    s
-}
+mod common;
+use common::stats;
 
 #[test]
 #[cfg_attr(any(feature = "cuda", feature = "hip"), ignore = "needs a GPU")]

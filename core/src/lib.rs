@@ -85,6 +85,7 @@ pub mod hooks;
 mod policy_names;
 pub mod pool;
 pub mod runtime;
+pub mod trace;
 
 #[allow(unsafe_code)]
 pub mod host;

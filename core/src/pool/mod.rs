@@ -63,7 +63,8 @@ pub mod stats;
 mod sync;
 #[cfg(test)]
 mod tests;
-pub mod trace;
+/// The benchmark traces and their replay, at the path code was written against: [`crate::trace`].
+pub use crate::trace;
 
 use std::collections::HashMap;
 use std::fmt;
