@@ -114,7 +114,7 @@ pub(crate) fn check_resized<K: RawBlock>(
     size: usize,
 ) -> Result<()> {
     let (now_at, now_size, on) = (block.address(), block.size(), block.device());
-    if now_at == address && now_size == size && on == device {
+    if now_at == address && now_size == size && on == device && address.checked_add(size).is_some() {
         Ok(())
     } else {
         Err(Error::InvalidRawBlock {

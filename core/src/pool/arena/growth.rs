@@ -1,8 +1,6 @@
 //! Expandable segments in one arena: the growing block's free tail, growing it in place through
 //! the raw allocator (checked as a new block is) and giving back the free tails' whole granules.
 
-use crate::error::Error;
-
 use super::super::index::{bin_for, NIL};
 use super::super::policy;
 use super::super::raw::{self, RawBlock};
@@ -56,16 +54,8 @@ impl<K: RawBlock> ArenaState<K> {
             return Ok(false);
         }
         // The allocator is safe code: a growth it reports is checked as a new block is (VM07).
-        let Some(size) = before.checked_add(extra) else {
-            return Err(Error::InvalidRawBlock {
-                requested: usize::MAX,
-                device,
-                address: mem.address(),
-                size: mem.size(),
-                block_device: mem.device(),
-            });
-        };
-        raw::check_resized(&*mem, address, device, size)?;
+        // Saturating: no block is `usize::MAX` bytes long, so an overflow fails the check.
+        raw::check_resized(&*mem, address, device, before.saturating_add(extra))?;
         self.counters.on_reserve(extra, false);
         self.counters.misses += 1;
         let c = self.chunks[last as usize];
