@@ -27,10 +27,14 @@ export PYTHONUNBUFFERED=1 CUBLAS_WORKSPACE_CONFIG=:4096:8 GPUMEM_RUNTIME_CACHE=/
     echo "cupy at $CUPY_DIR"
 } 2>&1 | tee "$OUT/environment.txt"
 
+# A fresh venv that sees the frameworks' site-packages (the system's, or those of the venv that
+# python3 belongs to: --system-site-packages alone would reach only its base interpreter's).
 VENV=/tmp/gpumem-venv
 rm -rf "$VENV"
-python3 -m venv --system-site-packages "$VENV" && "$VENV/bin/pip" install -q --no-index --no-deps "$WHEEL" || exit 1
+python3 -m venv --system-site-packages "$VENV" || exit 1
 PY=$VENV/bin/python
+python3 -c "import site; print('\n'.join(site.getsitepackages()))" > "$("$PY" -c "import site; print(site.getsitepackages()[0])")/frameworks.pth"
+"$PY" -m pip install -q --no-index --no-deps "$WHEEL" || exit 1
 cd /tmp || exit 1   # nothing of the repository on sys.path
 
 status=0
