@@ -377,8 +377,8 @@ mod tests {
     /// reported reading it as undefined behaviour when the blocks were uninitialised).
     #[test]
     fn untouched_host_memory_reads_as_zeros_and_is_aligned() {
-        let pool = gpumem::core::SingleDeviceMemoryPool::<Host, _>::with_allocator(0, UntouchedHostMemory)
-            .unwrap();
+        let pool =
+            gpumem::core::SingleDeviceMemoryPool::<Host, _>::with_allocator(0, UntouchedHostMemory).unwrap();
         let p = pool.malloc(64).unwrap();
         assert_eq!(p.ptr() % HOST_ALIGN, 0);
         let mut back = [0xffu8; 64];

@@ -63,7 +63,8 @@ pub(crate) fn device_count() -> usize {
 pub(crate) fn capacity_checked() -> Result<usize> {
     static C: OnceLock<Result<usize>> = OnceLock::new();
     C.get_or_init(|| {
-        Ok(crate::env::parse(MEMORY_ENV, MEMORY_FORMS, crate::env::parse_byte_size)?.unwrap_or(DEFAULT_CAPACITY))
+        Ok(crate::env::parse(MEMORY_ENV, MEMORY_FORMS, crate::env::parse_byte_size)?
+            .unwrap_or(DEFAULT_CAPACITY))
     })
     .clone()
 }

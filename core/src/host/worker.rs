@@ -141,7 +141,11 @@ impl Worker {
             ));
         }
         start_thread(device, move || runner.run()).map_err(|e| {
-            err("cuStreamCreate", Code::OutOfResources, Some(format!("cannot start the stream's thread: {e}")))
+            err(
+                "cuStreamCreate",
+                Code::OutOfResources,
+                Some(format!("cannot start the stream's thread: {e}")),
+            )
         })?;
         all.push(Arc::downgrade(&worker));
         Ok(worker)

@@ -94,10 +94,11 @@ where
                 self.pools.get_or_init(|| (0..n).map(|_| OnceLock::new()).collect())
             }
         };
-        let slot = usize::try_from(device)
-            .ok()
-            .and_then(|i| pools.get(i))
-            .ok_or(Error::NoSuchDevice { device, count: pools.len(), backend: B::NAME })?;
+        let slot = usize::try_from(device).ok().and_then(|i| pools.get(i)).ok_or(Error::NoSuchDevice {
+            device,
+            count: pools.len(),
+            backend: B::NAME,
+        })?;
         if let Some(pool) = slot.get() {
             return Ok(pool);
         }
