@@ -26,7 +26,7 @@ pub(crate) fn stream_safety(report: &mut Report) {
     let other = (gpumem::alloc(OPS * SIZE).unwrap(), gpumem::alloc(OPS * SIZE).unwrap());
     let (d, h) = (dev(), s.handle());
     let event = B::event_create(d, EventFlags { disable_timing: true, ..EventFlags::default() }).unwrap();
-    for (whose, (dst, src)) in [("own", &own), ("another", &other)] {
+    for (whose, (dst, src)) in [("its own stream", &own), ("another stream", &other)] {
         let at = |p: &MemoryPointer, i: usize| p + (i * SIZE) as isize;
         let memset = || {
             for i in 0..OPS {
@@ -67,7 +67,7 @@ pub(crate) fn stream_safety(report: &mut Report) {
             let (ours, raw) = device_ms_pair(&s, memset, || raw_memset(record));
             report.add(
                 "stream safety",
-                format!("eager memset_async of {SIZE} B, memory of the {whose} stream, per operation"),
+                format!("eager memset_async of {SIZE} B, memory of {whose}, per operation"),
                 per_op(ours),
                 format!("cuMemsetD8Async{plus}"),
                 Some(per_op(raw)),
@@ -77,9 +77,7 @@ pub(crate) fn stream_safety(report: &mut Report) {
             let (ours, raw) = device_ms_pair(&s, copy, || raw_copy(record));
             report.add(
                 "stream safety",
-                format!(
-                    "eager copy_from_device_async of {SIZE} B, memory of the {whose} stream, per operation"
-                ),
+                format!("eager copy_from_device_async of {SIZE} B, memory of {whose}, per operation"),
                 per_op(ours),
                 format!("cuMemcpyAsync{plus}"),
                 Some(per_op(raw)),
