@@ -12,7 +12,7 @@ Four programs, every model built from its configuration (nothing downloaded):
 One allocator per process (PyTorch cannot swap its allocator once it has allocated):
 `--allocator torch` is PyTorch's own (with or without PYTORCH_CUDA_ALLOC_CONF set outside),
 `--allocator gpumem --lib libgpumem_capi.so [--growth-policy NAME]` is gpumem's pool through its C
-ABI (torch.cuda.memory.CUDAPluggableAllocator, via python/gpumem_alloc.py); no policy named means
+ABI (torch.cuda.memory.CUDAPluggableAllocator, via scripts/capi/gpumem_alloc.py); no policy named means
 the ABI's default.
 
 Appends one JSON line to --out: peak bytes held from the device (PyTorch: max_memory_reserved;
@@ -36,7 +36,7 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "python"))
+sys.path.insert(0, os.path.join(HERE, "..", "scripts", "capi"))
 
 
 def seeded(torch, seed):
