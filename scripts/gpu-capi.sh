@@ -42,7 +42,7 @@ run() { # name, command...
 T=scripts/capi/torch_train.py
 run torch-reference python3 $T --allocator torch --steps "$STEPS" --label "PyTorch allocator" --out "$OUT/torch-reference.json"
 run torch-control python3 $T --allocator torch --steps "$STEPS" --label "PyTorch allocator (control)" --out "$OUT/torch-control.json"
-run gpumem-default python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --label "gpumem (cache_until_out_of_memory)" --out "$OUT/gpumem-default.json"
+run gpumem-default python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --label "gpumem (the C ABI's default: segments, expandable segments)" --out "$OUT/gpumem-default.json"
 run gpumem-hold-peak python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --growth-policy hold_peak_in_use --label "gpumem (hold_peak_in_use)" --out "$OUT/gpumem-hold-peak.json"
 run gpumem-segments-expandable env GPUMEM_EXPANDABLE_SEGMENTS=1 python3 $T --allocator gpumem --lib "$LIB" --steps "$STEPS" --growth-policy segments --label "gpumem (segments, expandable segments)" --out "$OUT/gpumem-segments-expandable.json"
 run torch-expandable env PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True python3 $T --allocator torch --steps "$STEPS" --label "PyTorch allocator (expandable_segments:True)" --out "$OUT/torch-expandable.json"

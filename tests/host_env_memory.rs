@@ -7,7 +7,7 @@ use gpumem::host::Host;
 #[test]
 fn a_malformed_device_memory_is_reported_and_a_valid_count_used() {
     std::env::set_var("GPUMEM_HOST_DEVICES", " 3 ");
-    std::env::set_var("GPUMEM_HOST_DEVICE_MEMORY", "16G");
+    std::env::set_var("GPUMEM_HOST_DEVICE_MEMORY", "16 gigs");
 
     assert_eq!(gpumem::core::Device::<Host>::count().unwrap(), 3);
     let err = gpumem::core::Memory::<Host>::new_on(2, 1024).unwrap_err();
@@ -17,7 +17,7 @@ fn a_malformed_device_memory_is_reported_and_a_valid_count_used() {
         "{err:?}"
     );
     assert!(
-        text.contains("GPUMEM_HOST_DEVICE_MEMORY=\"16G\"") && text.contains("a whole number of bytes"),
+        text.contains("GPUMEM_HOST_DEVICE_MEMORY=\"16 gigs\"") && text.contains("a byte size, such as"),
         "{text}"
     );
     let err = gpumem::core::Device::<Host>::new(1).mem_info().unwrap_err();

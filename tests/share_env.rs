@@ -16,10 +16,23 @@ fn the_environment_variable_makes_each_new_pool_share_memory_across_streams() {
 
     std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "0");
     assert!(!SingleDeviceMemoryPool::new(0).unwrap().pool().shares_across_streams());
+    // Every flag takes the same forms, in any case; empty is unset.
+    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "ON");
+    assert!(SingleDeviceMemoryPool::new(0).unwrap().pool().shares_across_streams());
+    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", " ");
+    assert!(!SingleDeviceMemoryPool::new(0).unwrap().pool().shares_across_streams());
+    // EV08: a value that is not UTF-8 is refused, not taken as unset.
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", std::ffi::OsStr::from_bytes(b"1\xff"));
+        let err = SingleDeviceMemoryPool::new(0).unwrap_err();
+        assert!(matches!(err, gpumem::Error::InvalidEnvironment { .. }), "{err:?}");
+    }
 
-    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "yes");
+    std::env::set_var("GPUMEM_SHARE_ACROSS_STREAMS", "maybe");
     let err = SingleDeviceMemoryPool::new(0).unwrap_err();
     assert!(matches!(err, gpumem::Error::InvalidEnvironment { .. }), "{err:?}");
-    assert!(err.to_string().contains("GPUMEM_SHARE_ACROSS_STREAMS=\"yes\""), "{err}");
+    assert!(err.to_string().contains("GPUMEM_SHARE_ACROSS_STREAMS=\"maybe\""), "{err}");
     std::env::remove_var("GPUMEM_SHARE_ACROSS_STREAMS");
 }

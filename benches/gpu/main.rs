@@ -28,6 +28,7 @@ mod fragmentation;
 mod graphs;
 mod hook_costs;
 mod report;
+mod stream_safety;
 mod threads;
 mod timing;
 mod transfers;
@@ -43,6 +44,7 @@ use crate::fragmentation::{
 use crate::graphs::graphs;
 use crate::hook_costs::{arena_lock, hook_costs};
 use crate::report::{Anchors, Report};
+use crate::stream_safety::stream_safety;
 use crate::threads::threads;
 use crate::timing::on_bench_cpu;
 use crate::transfers::{pageable, transfers};
@@ -135,6 +137,9 @@ fn main() {
     }
     if run("graphs") {
         graphs(&mut report);
+    }
+    if run("stream_safety") {
+        stream_safety(&mut report);
     }
     let frag = if run("fragmentation") { fragmentation(&mut report, dir.as_deref()) } else { String::new() };
     let mut table = report.markdown();

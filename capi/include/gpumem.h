@@ -15,6 +15,11 @@
  * - Streams are raw handles: 0 (null stream), 1 (legacy), 2 (per-thread) or a live stream.
  *   An allocation comes from its stream's arena; a chunk freed on another stream is reused only
  *   after the allocation's stream is made to wait for the freeing stream's work.
+ *   A handle that cannot be live fails the call (NULL, or a free that frees nothing) with an
+ *   error: on the host backend anything but 0, 1, 2 and a stream created and not destroyed; on
+ *   CUDA and HIP a value below 4096 or not aligned to a pointer. CUDA and HIP cannot tell
+ *   whether an aligned handle is live without dereferencing it: passing a destroyed stream or
+ *   another object's address there is undefined behaviour, as in CUDA itself.
  */
 #ifndef GPUMEM_H
 #define GPUMEM_H
@@ -54,8 +59,9 @@ typedef struct gpumem_stats {
 } gpumem_stats;
 
 /* PyTorch (torch.cuda.memory.CUDAPluggableAllocator(path, "gpumem_torch_malloc",
- * "gpumem_torch_free")). Size 0 returns NULL without error. PyTorch does not check for NULL:
- * an allocation failure shows later as an illegal address; see gpumem_get_stats. */
+ * "gpumem_torch_free")). Size 0 returns NULL without error. PyTorch does not check for NULL: a
+ * caller that wants torch.OutOfMemoryError wraps malloc to throw it (the Python package
+ * gpumem_runtime does). */
 void *gpumem_torch_malloc(ssize_t size, int device, cudaStream_t stream);
 void gpumem_torch_free(void *ptr, ssize_t size, int device, cudaStream_t stream);
 
@@ -73,13 +79,43 @@ const char *gpumem_version(void);
 int gpumem_set_limit(int device, size_t bytes);
 int gpumem_set_limit_fraction(int device, double fraction);
 int gpumem_get_limit(int device, size_t *bytes);
-/* "cache_until_out_of_memory" (default), "release_before_grow", "hold_peak_in_use" or "segments". */
+/* "cache_until_out_of_memory", "release_before_grow", "hold_peak_in_use" or "segments" (default;
+   its blocks grow in place where the backend has virtual memory, unless GPUMEM_EXPANDABLE_SEGMENTS=0). */
 int gpumem_set_growth_policy(int device, const char *name);
 const char *gpumem_get_growth_policy(int device);
 
 /* Statistics and cache control. */
 int gpumem_get_stats(int device, gpumem_stats *stats);
 int gpumem_free_all_blocks(int device);
+
+/* Memory used on another stream: not reused before `stream`'s work queued up to the free
+ * completes (PyTorch's recordStream). 0, or -1 for an address gpumem did not lend. */
+int gpumem_record_stream(void *ptr, cudaStream_t stream);
+
+/* Text into the caller's buffer, snprintf-style: as much as fits in len bytes, NUL-terminated;
+ * returns the full length (call with len 0 to learn it), or -1 on failure. */
+/* Statistics as JSON with PyTorch's memory_stats() keys ("allocated_bytes.all.current",
+ * "reserved_bytes.all.peak", "num_alloc_retries", "num_ooms", ...). */
+ssize_t gpumem_memory_stats(int device, char *buf, size_t len);
+/* The statistics as a table (PyTorch's memory_summary()). */
+ssize_t gpumem_memory_summary(int device, char *buf, size_t len);
+/* Every peak set to its current value (PyTorch's reset_peak_memory_stats()). 0 or -1. */
+int gpumem_reset_peak_stats(int device);
+/* Segments and blocks as JSON, in PyTorch's _snapshot() format. */
+ssize_t gpumem_snapshot_json(int device, char *buf, size_t len);
+/* The same as a pickle file torch.cuda._memory_viz opens. 0 or -1. */
+int gpumem_export_snapshot(int device, const char *path);
+
+/* Process-wide recording (every thread, every stream) into a trace file gpumem-trace reads.
+ * start: 0 or -1; stop: the number of lines written, or -1. */
+int gpumem_recorder_start(const char *path);
+int64_t gpumem_recorder_stop(void);
+
+/* Called on the allocating thread before an out-of-memory error returns, with the message
+ * (valid during the call). It must not allocate through gpumem. 0 or -1. */
+typedef void (*gpumem_oom_observer)(void *user_data, int device, const char *message);
+int gpumem_add_oom_observer(int device, gpumem_oom_observer observer, void *user_data);
+int gpumem_clear_oom_observers(int device);
 
 /* CuPy's DebugPrintHook JSON lines, for the calling thread's allocations, into a file. */
 int gpumem_debug_print_hook_begin(const char *path);

@@ -16,7 +16,11 @@
 //!   per-thread default stream, or a stream the caller created). An allocation comes from its
 //!   stream's arena, so memory is reused in that stream's order. A chunk freed on another stream
 //!   than its allocation's is returned only after later work on the allocation's stream is made
-//!   to wait for the freeing stream's work so far.
+//!   to wait for the freeing stream's work so far. A handle that cannot be a live stream is
+//!   refused with an error before anything uses it: on the host backend any value but 0, 1, 2
+//!   and a stream created and not yet destroyed; on CUDA and HIP a value below 4096 or not
+//!   aligned to a pointer. CUDA and HIP cannot say whether an aligned handle is live without
+//!   dereferencing it, so a destroyed stream, or another object's address, is not detected there.
 //! - **Freeing by address.** The ABI keeps each lent chunk under its address in a sharded map,
 //!   outside the pool's own hot path. A free of an address the ABI did not lend (or already took
 //!   back, or that points inside a chunk) fails with a message and frees nothing. As with any
@@ -31,9 +35,22 @@ use std::fs::File;
 
 use gpumem::{hooks, DebugPrintHook, GrowthPolicy, HookGuard, Limit};
 
+mod defaults;
 mod ffi;
+mod oom;
 mod pool;
+mod record_stream;
+mod recorder;
 mod registry;
+mod snapshot;
+mod summary;
+mod text;
+
+pub use oom::{gpumem_add_oom_observer, gpumem_clear_oom_observers, GpumemOomObserver};
+pub use record_stream::gpumem_record_stream;
+pub use recorder::{gpumem_recorder_start, gpumem_recorder_stop};
+pub use snapshot::{gpumem_export_snapshot, gpumem_snapshot_json};
+pub use summary::{gpumem_memory_stats, gpumem_memory_summary, gpumem_reset_peak_stats};
 
 use ffi::{call, fail, Failure};
 use registry::{registry, FreeRequest, FAILED};
@@ -88,8 +105,9 @@ pub struct GpumemStats {
 /// order. Size 0 returns null and is not an error (as PyTorch's own allocator; PyTorch never
 /// frees a null pointer).
 ///
-/// Errors: null, with [`gpumem_last_error`] set (negative size, unknown device, out of memory or
-/// over the limit, with CuPy's message). PyTorch does not check the result for null, so with
+/// Errors: null, with [`gpumem_last_error`] set (negative size, unknown device, a stream handle
+/// that cannot be live (see "Streams" above), out of memory or over the limit, with CuPy's
+/// message). PyTorch does not check the result for null, so with
 /// PyTorch an allocation failure surfaces later as an illegal address; keep a limit below the
 /// device's memory or check the error counters ([`gpumem_get_stats`]).
 ///
@@ -99,7 +117,8 @@ pub struct GpumemStats {
 /// # Safety
 ///
 /// `stream` is 0, 1, 2 or a live stream handle created on `device`, and stays live until every
-/// chunk allocated on it is freed.
+/// chunk allocated on it is freed. Handles that cannot be live are refused (see "Streams" above);
+/// on CUDA and HIP a destroyed stream's handle is not detected.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_torch_malloc(size: isize, device: c_int, stream: CudaStream) -> *mut c_void {
     call("gpumem_torch_malloc", std::ptr::null_mut(), || {
@@ -123,14 +142,16 @@ pub unsafe extern "C" fn gpumem_torch_malloc(size: isize, device: c_int, stream:
 ///
 /// Errors: nothing is freed and [`gpumem_last_error`] is set when `ptr` is not an address gpumem
 /// lent (a wrong address, a double free, a pointer inside a chunk), or `size` or `device` differ
-/// from the allocation's. A negative `size` skips the size check.
+/// from the allocation's, or `stream` cannot be a live stream (see "Streams" above; the chunk
+/// stays lent). A negative `size` skips the size check.
 ///
 /// Thread-safe; any thread may free a chunk.
 ///
 /// # Safety
 ///
-/// `stream` and the allocation's stream are live (as for [`gpumem_torch_malloc`]); nothing uses
-/// the memory after its last use on `stream`.
+/// `stream` and the allocation's stream are live (as for [`gpumem_torch_malloc`]; on the host
+/// backend both are checked, on CUDA and HIP only that they can be handles); nothing uses the
+/// memory after its last use on `stream`.
 #[no_mangle]
 pub unsafe extern "C" fn gpumem_torch_free(ptr: *mut c_void, size: isize, device: c_int, stream: CudaStream) {
     call("gpumem_torch_free", (), || {
@@ -150,8 +171,9 @@ pub unsafe extern "C" fn gpumem_torch_free(ptr: *mut c_void, size: isize, device
 /// and wait on events as with CuPy's pool.
 ///
 /// Errors: null with [`gpumem_last_error`] set. CuPy 14 does not check the result, so a bare
-/// `CFunctionAllocator` would take null as memory; `python/gpumem_alloc.py`'s `use_in_cupy` wraps
-/// it to raise `OutOfMemoryError` with gpumem's message instead.
+/// `CFunctionAllocator` would take null as memory; the Python package `gpumem_runtime` (and
+/// `scripts/capi/gpumem_alloc.py`'s `use_in_cupy`) wraps it to raise `OutOfMemoryError` with
+/// gpumem's message instead.
 ///
 /// Thread-safe.
 ///
@@ -256,12 +278,12 @@ pub unsafe extern "C" fn gpumem_get_limit(device: c_int, bytes: *mut usize) -> c
     })
 }
 
-/// Sets how `device`'s pool grows, by name: `"cache_until_out_of_memory"` (CuPy's rule, the
-/// default: cached blocks stay until an allocation fails), `"release_before_grow"` (release
-/// cached whole blocks before each new one), `"hold_peak_in_use"` (hold little more than the
-/// most memory in use at once, at the price of raw calls on misses) or `"segments"` (size-classed
-/// blocks that settle: see `GrowthPolicy::Segments`). Other spellings of these names
-/// (`hold-peak-in-use`, `HoldPeakInUse`, any case) are accepted too.
+/// Sets how `device`'s pool grows, by name: `"cache_until_out_of_memory"` (CuPy's rule: cached
+/// blocks stay until an allocation fails), `"release_before_grow"` (release cached whole blocks
+/// before each new one), `"hold_peak_in_use"` (hold little more than the most memory in use at
+/// once, at the price of raw calls on misses) or `"segments"` (size-classed blocks that settle:
+/// see `GrowthPolicy::Segments`; the ABI's default, with growing blocks, see module `defaults`).
+/// Other spellings of these names (`hold-peak-in-use`, `HoldPeakInUse`, any case) are accepted too.
 ///
 /// Returns 0, or -1 with [`gpumem_last_error`] set (unknown name or device). Thread-safe.
 ///

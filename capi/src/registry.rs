@@ -60,6 +60,8 @@ pub(crate) struct Entry {
     pub(crate) device: DeviceId,
     /// The size the caller asked for (before rounding).
     pub(crate) size: usize,
+    /// Other streams the chunk was used on (`gpumem_record_stream`), to wait for at its free.
+    pub(crate) recorded: Vec<StreamId>,
 }
 
 /// A hash for 512-byte-aligned addresses: Fibonacci hashing of the address's unit number, so
@@ -188,6 +190,22 @@ impl Registry {
         shard.frees += 1;
         shard.cross_stream_frees += u64::from(cross);
         Ok(entry)
+    }
+
+    /// Runs `f` on the entry of `ptr` under its shard's lock.
+    ///
+    /// # Errors
+    ///
+    /// When the address is not one the ABI lent (or already took back).
+    pub(crate) fn with_entry<R>(
+        &self,
+        ptr: DevicePtr,
+        f: impl FnOnce(&mut Entry) -> R,
+    ) -> Result<R, Failure> {
+        match self.shard(ptr).lock().live.get_mut(&ptr) {
+            Some(entry) => Ok(f(entry)),
+            None => fail!("0x{ptr:x} is not an address gpumem lent, or it was already freed"),
+        }
     }
 
     /// The map's counts, summed over its shards (each shard is read under its lock; the sum is

@@ -8,17 +8,16 @@ use std::ffi::CStr;
 use gpumem::{MemoryPointer, UnownedMemory};
 use gpumem_capi::*;
 
-fn stats(device: i32) -> GpumemStats {
-    let mut s = GpumemStats::default();
-    // SAFETY: `s` is a valid out-pointer.
-    assert_eq!(unsafe { gpumem_get_stats(device, &mut s) }, 0);
-    s
-}
+mod common;
+use common::stats;
 
 #[test]
 #[cfg_attr(any(feature = "cuda", feature = "hip"), ignore = "needs a GPU")]
 fn the_variable_gives_the_abi_growing_blocks() {
     std::env::set_var("GPUMEM_EXPANDABLE_SEGMENTS", "1");
+    // CuPy's rule: a first block of the request's size, so the second request grows it.
+    // SAFETY: a NUL-terminated string.
+    assert_eq!(unsafe { gpumem_set_growth_policy(0, c"cache_until_out_of_memory".as_ptr()) }, 0);
     // SAFETY: the null stream.
     let a = unsafe { gpumem_torch_malloc(3 << 20, 0, std::ptr::null_mut()) };
     // SAFETY: as above.

@@ -1,11 +1,19 @@
 //! `include/gpumem.h` is kept in step with the code by this test: every exported function of
-//! `src/lib.rs` must be declared in the header with the C types of its Rust signature, nothing
+//! `src/lib.rs` and the files of its other entry points must be declared in the header with the C types of its Rust signature, nothing
 //! else may be declared, and `gpumem_stats` must have `GpumemStats`'s fields, in order, with the
 //! matching C types.
 //!
 //! Both files are embedded at compile time, so the test also runs where the sources are not.
 
 const RUST: &str = include_str!("../src/lib.rs");
+/// The files with entry points besides `lib.rs`.
+const MORE_RUST: [&str; 5] = [
+    include_str!("../src/summary.rs"),
+    include_str!("../src/snapshot.rs"),
+    include_str!("../src/recorder.rs"),
+    include_str!("../src/oom.rs"),
+    include_str!("../src/record_stream.rs"),
+];
 const HEADER: &str = include_str!("../include/gpumem.h");
 
 /// The C spelling of each Rust type the ABI uses.
@@ -18,6 +26,9 @@ fn c_type(rust: &str) -> String {
         "usize" => "size_t",
         "isize" => "ssize_t",
         "u64" => "uint64_t",
+        "i64" => "int64_t",
+        "*mut c_char" => "char*",
+        "GpumemOomObserver" => "gpumem_oom_observer",
         "CudaStream" => "cudaStream_t",
         "*mut c_void" => "void*",
         "*const c_char" => "const char*",
@@ -61,15 +72,19 @@ fn parenthesised(text: &str, from: usize) -> (&str, usize) {
 }
 
 fn rust_signatures() -> Vec<Signature> {
+    std::iter::once(RUST).chain(MORE_RUST).flat_map(signatures_in).collect()
+}
+
+fn signatures_in(source: &'static str) -> Vec<Signature> {
     let mut out = Vec::new();
     let mut rest = 0;
-    while let Some(at) = RUST[rest..].find("extern \"C\" fn ") {
+    while let Some(at) = source[rest..].find("extern \"C\" fn ") {
         let start = rest + at + "extern \"C\" fn ".len();
-        let name_end = start + RUST[start..].find('(').expect("a parameter list");
-        let name = RUST[start..name_end].trim().to_owned();
-        let (params, after) = parenthesised(RUST, name_end);
-        let body = after + RUST[after..].find('{').expect("a body");
-        let ret = RUST[after..body].trim().trim_start_matches("->").trim();
+        let name_end = start + source[start..].find('(').expect("a parameter list");
+        let name = source[start..name_end].trim().to_owned();
+        let (params, after) = parenthesised(source, name_end);
+        let body = after + source[after..].find('{').expect("a body");
+        let ret = source[after..body].trim().trim_start_matches("->").trim();
         let params = params
             .split(',')
             .filter(|p| !p.trim().is_empty())
@@ -86,7 +101,12 @@ fn header_signatures() -> Vec<Signature> {
     for line in HEADER.lines() {
         let line = line.trim();
         let Some(open) = line.find("(") else { continue };
-        if !line.ends_with(");") || line.starts_with('#') || line.starts_with('/') || line.starts_with('*') {
+        if !line.ends_with(");")
+            || line.starts_with('#')
+            || line.starts_with('/')
+            || line.starts_with('*')
+            || line.starts_with("typedef")
+        {
             continue;
         }
         let head = &line[..open];
@@ -132,7 +152,9 @@ fn every_exported_function_is_declared_with_its_c_types() {
         );
     }
     // Every exported function is `#[no_mangle]`, else the header's name would not link.
-    assert_eq!(RUST.matches("#[no_mangle]").count(), rust.len());
+    let no_mangle: usize =
+        std::iter::once(RUST).chain(MORE_RUST).map(|s| s.matches("#[no_mangle]").count()).sum();
+    assert_eq!(no_mangle, rust.len());
 }
 
 #[test]

@@ -23,8 +23,8 @@ macro_rules! __devices_tests {
                     let info = Device::current().mem_info().unwrap();
                     assert!(info.free <= info.total);
                     Device::current().synchronize().unwrap();
-                    assert!(matches!(Device::new(n as i32).use_device(), Err(Error::InvalidArgument(_))));
-                    assert!(matches!(Device::new(-1).enter(), Err(Error::InvalidArgument(_))));
+                    assert!(matches!(Device::new(n as i32).use_device(), Err(Error::NoSuchDevice { .. })));
+                    assert!(matches!(Device::new(-1).enter(), Err(Error::NoSuchDevice { .. })));
                 }
 
                 fn each_device_has_its_own_current_stream() {

@@ -31,6 +31,18 @@ macro_rules! __safety_tests {
                 MemoryPointer::from_memory(Memory::new(n).unwrap())
             }
 
+            /// How often each thread of a race scenario touches the bytes: enough for the two
+            /// threads to overlap natively, few under Miri (which interleaves them itself).
+            fn race_rounds() -> usize {
+                if cfg!(miri) { 20 } else { 500 }
+            }
+
+            /// Every byte is the same one of `values` (no access tore another).
+            fn assert_one_value(bytes: &[u8], values: &[u8]) {
+                assert!(values.contains(&bytes[0]), "unexpected byte {:#x}", bytes[0]);
+                assert!(bytes.iter().all(|&x| x == bytes[0]), "two accesses interleaved");
+            }
+
             conformance! {
                 fn memory_written_on_another_stream_is_not_lent_while_the_write_is_queued() {
                     let pool = MemoryPool::new();
@@ -221,6 +233,20 @@ macro_rules! __safety_tests {
                     let mut back = vec![0u8; N];
                     pinned.read(&mut back).unwrap();
                     assert!(back.iter().all(|&x| x == 9), "the transfer overwrote a later write");
+                }
+
+                fn a_copy_from_pinned_memory_waits_for_a_transfer_queued_into_it() {
+                    let s = Stream::non_blocking().unwrap();
+                    let src = own_memory(N);
+                    src.memset(3, N).unwrap();
+                    let pinned = PinnedMemoryPointer::alloc(N).unwrap();
+                    pinned.write(&[9u8; N]).unwrap();
+                    busy(&s, 100);
+                    src.copy_to_host_async(&pinned, N, Some(&s)).unwrap();
+                    let dst = own_memory(N);
+                    dst.copy_from(&pinned, N).unwrap();
+                    assert!(read(&dst, N).iter().all(|&x| x == 3), "the copy read the pinned bytes before the transfer");
+                    s.synchronize().unwrap();
                 }
 
                 fn freeing_pinned_memory_does_not_wait_for_unrelated_streams() {
@@ -432,6 +458,70 @@ macro_rules! __safety_tests {
                     assert!(Device::current().synchronize().is_err());
                     // The capture is invalidated, as CUDA does.
                     assert!(s.end_capture().is_err());
+                }
+
+                // RACE01-03: two threads touching the same bytes through gpumem at once. Each
+                // access is ordered with the other thread's (the data race these scenarios had is
+                // what ThreadSanitizer and Miri check); the bytes end up all one value or the other.
+
+                fn a_pinned_write_is_ordered_with_another_threads_transfer_into_it() {
+                    let rounds = race_rounds();
+                    let dev = own_memory(N);
+                    dev.memset(0x33, N).unwrap();
+                    let pinned = PinnedMemoryPointer::alloc(N).unwrap();
+                    let s = Stream::non_blocking().unwrap();
+                    let writer = pinned.clone();
+                    let t = std::thread::spawn(move || {
+                        for _ in 0..rounds {
+                            writer.write(&[0x22u8; N]).unwrap();
+                        }
+                    });
+                    for _ in 0..rounds {
+                        dev.copy_to_host_async(&pinned, N, Some(&s)).unwrap();
+                    }
+                    s.synchronize().unwrap();
+                    t.join().unwrap();
+                    let mut back = vec![0u8; N];
+                    pinned.read(&mut back).unwrap();
+                    assert_one_value(&back, &[0x22, 0x33]);
+                }
+
+                fn a_synchronous_memset_is_ordered_with_another_threads_async_memset() {
+                    let rounds = race_rounds();
+                    let p = MemoryPool::new().malloc(N).unwrap();
+                    let s = Stream::non_blocking().unwrap();
+                    let q = p.clone();
+                    let t = std::thread::spawn(move || {
+                        for _ in 0..rounds {
+                            q.memset(0x22, N).unwrap();
+                        }
+                    });
+                    for _ in 0..rounds {
+                        p.memset_async(0x33, N, Some(&s)).unwrap();
+                    }
+                    s.synchronize().unwrap();
+                    t.join().unwrap();
+                    assert_one_value(&read(&p, N), &[0x22, 0x33]);
+                }
+
+                fn async_memsets_of_two_threads_on_their_own_streams_are_ordered() {
+                    let rounds = race_rounds();
+                    let p = MemoryPool::new().malloc(N).unwrap();
+                    let q = p.clone();
+                    let t = std::thread::spawn(move || {
+                        let s = Stream::non_blocking().unwrap();
+                        for _ in 0..rounds {
+                            q.memset_async(0x22, N, Some(&s)).unwrap();
+                        }
+                        s.synchronize().unwrap();
+                    });
+                    let s = Stream::non_blocking().unwrap();
+                    for _ in 0..rounds {
+                        p.memset_async(0x33, N, Some(&s)).unwrap();
+                    }
+                    s.synchronize().unwrap();
+                    t.join().unwrap();
+                    assert_one_value(&read(&p, N), &[0x22, 0x33]);
                 }
 
                 fn pointer_offsets_are_exact_past_isize() {

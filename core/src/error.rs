@@ -96,6 +96,11 @@ pub enum Error {
 
     /// An argument is not valid (a flag combination, a size, a handle) and no more specific
     /// variant says why. Nothing was done.
+    ///
+    /// This includes a size no allocation can have: past [`MAX_ALLOCATION_SIZE`], or one that
+    /// overflows when rounded to the pool's unit (`usize::MAX`). Unlike
+    /// [`OutOfMemory`](Error::OutOfMemory), freeing memory and retrying cannot help, so an
+    /// out-of-memory retry loop ([`Error::is_out_of_memory`]) stops at once.
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
 
@@ -121,7 +126,9 @@ pub enum Error {
         greatest: i32,
     },
 
-    /// A device id that does not exist.
+    /// A device id that does not exist (negative, or not below the device count), given to the
+    /// typed layer: [`Device`](crate::Device), the pools, the C ABI. The backends' raw functions
+    /// answer as their runtime does (`CUDA_ERROR_INVALID_DEVICE`, `HOST_ERROR_INVALID_DEVICE`).
     #[error("device {device} does not exist ({count} device(s) on the {backend} backend)")]
     NoSuchDevice {
         /// The id asked for.
@@ -266,7 +273,19 @@ pub enum Error {
     },
 }
 
+/// The largest size an allocation can have: Rust's bound on the size of any object, far past any
+/// device's memory. A larger size is an [`Error::InvalidArgument`], not an out-of-memory.
+pub const MAX_ALLOCATION_SIZE: usize = isize::MAX as usize;
+
 impl Error {
+    /// The error for a size no allocation can have (see [`Error::InvalidArgument`]).
+    #[cold]
+    pub(crate) fn size_too_large(size: usize) -> Self {
+        Error::InvalidArgument(format!(
+            "cannot allocate {size} bytes: no allocation can be larger than {MAX_ALLOCATION_SIZE} bytes"
+        ))
+    }
+
     /// Whether this is an out-of-memory condition (raw or against the pool's limit): the kinds a
     /// caller handles by freeing memory and retrying.
     #[must_use]
@@ -432,6 +451,7 @@ mod tests {
         let unknown = Error::OutOfMemory { size: 1024, total: None };
         assert_eq!(unknown.to_string(), "Out of memory allocating 1,024 bytes");
         assert!(limited.is_out_of_memory() && raw.is_out_of_memory());
+        assert!(!Error::size_too_large(usize::MAX).is_out_of_memory());
     }
 
     #[test]

@@ -37,9 +37,10 @@
 //! completed. Dropping the last handle a program holds therefore never frees, or lends again,
 //! bytes that queued work can still reach; a pool chunk released this way goes back to the pool
 //! only then. A synchronous access waits for queued work on the same bytes, and work queued on
-//! another stream is ordered after it, so two accesses through gpumem never race. Memory reached
-//! only through raw addresses (a kernel of the program's own) is kept with
-//! [`MemoryPointer::record_stream`]. Frees wait for nothing else: no stream is drained, and a
+//! another stream is ordered after it, so two accesses through gpumem never race, from one
+//! thread or several: while a synchronous access runs, a call of another thread that queues work
+//! on its bytes, or accesses them, waits until it has ended. Memory reached only through raw
+//! addresses (a kernel of the program's own) is kept with [`MemoryPointer::record_stream`]. Frees wait for nothing else: no stream is drained, and a
 //! free inside a host function or callback is carried out later, on a user thread.
 //!
 //! ## Graph-owned memory
@@ -76,6 +77,7 @@
 
 #![deny(unsafe_code)]
 
+pub mod env;
 pub mod error;
 #[allow(unsafe_code)] // declares the contract's unsafe operations
 pub mod hal;
@@ -83,11 +85,12 @@ pub mod hooks;
 mod policy_names;
 pub mod pool;
 pub mod runtime;
+pub mod trace;
 
 #[allow(unsafe_code)]
 pub mod host;
 
-pub use error::{Error, HookError, Result};
+pub use error::{Error, HookError, Result, MAX_ALLOCATION_SIZE};
 pub use hal::{
     Api, AsyncPoolAttribute, Backend, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps,
     DeviceProperties, DevicePtr, EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle,
@@ -117,9 +120,9 @@ pub use runtime::pools::{
 };
 pub use runtime::staging::{
     set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
-    DEFAULT_STAGING_THRESHOLD, PAGEABLE_STAGING_ENV,
+    DEFAULT_STAGING_THRESHOLD, MAX_STAGING_LANES, PAGEABLE_STAGING_ENV,
 };
-pub use runtime::state::{take_deferred_error, Runtime};
+pub use runtime::state::{take_deferred_error, Runtime, PER_THREAD_DEFAULT_STREAM_ENV};
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;
 pub use runtime::stream::{

@@ -43,8 +43,16 @@ use gpumem_core::hooks::{self, Observation, Observed, ProcessObserver, ProcessOb
 ///
 /// Writing is serialised by one lock (the lines of two threads never interleave); a write error
 /// is kept and returned by [`RecorderGuard::finish`], and the lines after it are dropped.
+///
+/// A writer that allocates through gpumem (a writer built on a gpumem pool, or one whose
+/// `write` calls into code that does) would be called again, on the same thread, for its own
+/// allocation while it holds the lock. Those operations are not recorded: while any recorder
+/// writes on a thread, every recorder skips that thread's operations, and counts them
+/// ([`RecorderGuard::skipped`]). The line being written is not affected.
 pub struct Recorder<W: Write + Send + 'static> {
     state: Mutex<State<W>>,
+    /// Operations not recorded because they were made by a recorder's writer.
+    skipped: AtomicU64,
     start: Instant,
     /// Set by [`Recorder::with_call_sites`].
     #[cfg(feature = "line-profile")]
@@ -63,6 +71,7 @@ impl<W: Write + Send + 'static> Recorder<W> {
     pub fn new(out: W) -> Self {
         Recorder {
             state: Mutex::new(State { out: Some(out), error: None, lines: 0 }),
+            skipped: AtomicU64::new(0),
             start: Instant::now(),
             #[cfg(feature = "line-profile")]
             sites: None,
@@ -172,8 +181,37 @@ impl<W: Write + Send + 'static> Recorder<W> {
     }
 }
 
+thread_local! {
+    /// Whether a recorder's writer runs on this thread (its operations are not recorded).
+    static WRITING: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Marks the thread as writing for as long as it lives (also when the writer panics).
+struct Writing;
+
+impl Writing {
+    /// `None` when the thread already writes (or its locals are gone): the caller is a writer's
+    /// own operation.
+    fn enter() -> Option<Writing> {
+        // (Not `then_some(Writing)`: a `Writing` made and dropped would clear the mark.)
+        WRITING.try_with(|w| if w.replace(true) { None } else { Some(Writing) }).ok().flatten()
+    }
+}
+
+impl Drop for Writing {
+    fn drop(&mut self) {
+        let _ = WRITING.try_with(|w| w.set(false));
+    }
+}
+
 impl<W: Write + Send + 'static> ProcessObserver for Recorder<W> {
     fn observe(&self, o: &Observation) {
+        // An operation made by a writer, while it holds a recorder's lock on this thread: taking
+        // the lock again would never return (RC03).
+        let Some(_writing) = Writing::enter() else {
+            self.skipped.fetch_add(1, Ordering::Relaxed);
+            return;
+        };
         let line = self.line(o);
         // A poisoned lock means a writer panicked mid-line: keep recording after it.
         let mut st = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
@@ -199,6 +237,13 @@ impl<W: Write + Send + 'static> RecorderGuard<W> {
     #[must_use]
     pub fn lines(&self) -> u64 {
         self.recorder.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner).lines
+    }
+
+    /// Operations not recorded so far because a recorder's writer made them (see
+    /// [`Recorder`]).
+    #[must_use]
+    pub fn skipped(&self) -> u64 {
+        self.recorder.skipped.load(Ordering::Relaxed)
     }
 
     /// Stops recording, flushes and returns the writer.
@@ -235,7 +280,10 @@ impl<W: Write + Send + 'static> Drop for RecorderGuard<W> {
 
 impl<W: Write + Send + 'static> std::fmt::Debug for RecorderGuard<W> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("RecorderGuard").field("lines", &self.lines()).finish_non_exhaustive()
+        f.debug_struct("RecorderGuard")
+            .field("lines", &self.lines())
+            .field("skipped", &self.skipped())
+            .finish_non_exhaustive()
     }
 }
 

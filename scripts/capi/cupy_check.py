@@ -28,7 +28,6 @@ import numpy as np
 from cupy.cuda import memory_hooks
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-sys.path.insert(0, os.path.join(HERE, "..", "..", "python"))
 import gpumem_alloc  # noqa: E402
 
 checks = []

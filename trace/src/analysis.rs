@@ -4,6 +4,7 @@ use std::collections::{BTreeMap, HashMap};
 
 use serde::Serialize;
 
+use crate::error::{Error, Result};
 use crate::format::{Event, Hook, Trace};
 
 /// One pool allocation, from its `malloc` line to its `free` line.
@@ -62,6 +63,12 @@ pub struct Timeline {
     pub unmatched_raw_frees: u64,
     /// Lines written before their operation (skipped).
     pub pre_lines: u64,
+    /// `malloc` lines that lend an address (and id) again that the trace never freed: the free
+    /// line was lost. Each is taken as a free made just before, on its own step.
+    pub lost_frees: u64,
+    /// Set when the raw bytes held exceed 2^64 - 1 (then `held` saturates): [`Timeline::stats`]
+    /// reports [`Error::Overflow`].
+    pub held_overflow: bool,
 }
 
 impl Timeline {
@@ -92,9 +99,13 @@ impl Timeline {
                     let key = (e.device_id, e.mem_ptr, e.pmem_id.unwrap_or(0));
                     if let Some(old) = live.insert(key, id) {
                         // The same address and id lent twice without a free between: the free
-                        // line was lost. End the old one here rather than let it live forever.
+                        // line was lost. End the old one on a step of its own just before, rather
+                        // than let it live forever (or share this step and be lost in a replay).
+                        t.lost_frees += 1;
                         t.allocations[old].end = Some(t.steps);
                         t.allocations[old].end_ns = e.time_ns;
+                        t.step_ns.push(e.time_ns);
+                        t.steps += 1;
                     }
                     t.allocations.push(Allocation {
                         id,
@@ -125,15 +136,20 @@ impl Timeline {
                 Hook::Alloc if e.mem_ptr == 0 => {}
                 Hook::Alloc => {
                     t.raw_allocs += 1;
-                    *raw_live.entry((e.device_id, e.mem_ptr)).or_insert(0) += e.mem_size;
-                    held += e.mem_size;
+                    let block = raw_live.entry((e.device_id, e.mem_ptr)).or_insert(0);
+                    *block = block.saturating_add(e.mem_size);
+                    held = held.checked_add(e.mem_size).unwrap_or_else(|| {
+                        t.held_overflow = true;
+                        u64::MAX
+                    });
                     t.held.push((t.steps, held));
                 }
                 Hook::RawFree => {
                     t.raw_frees += 1;
                     match raw_live.remove(&(e.device_id, e.mem_ptr)) {
                         Some(bytes) => {
-                            held -= bytes;
+                            // Saturated sums free at most what is held.
+                            held = held.saturating_sub(bytes);
                             t.held.push((t.steps, held));
                         }
                         None => t.unmatched_raw_frees += 1,
@@ -159,14 +175,22 @@ impl Timeline {
     }
 
     /// The statistics of the trace; `top` is how many of the largest allocations to list.
-    #[must_use]
-    pub fn stats(&self, top: usize) -> Stats {
+    ///
+    /// # Errors
+    ///
+    /// [`Error::Overflow`] when a sum (bytes requested, in use, held or allocated raw) does not
+    /// fit 64 bits.
+    pub fn stats(&self, top: usize) -> Result<Stats> {
+        if self.held_overflow {
+            return Err(Error::Overflow("raw bytes held"));
+        }
         let mut s = Stats {
             mallocs: self.allocations.len() as u64,
             frees: self.allocations.iter().filter(|a| a.end.is_some()).count() as u64,
             live_at_end: self.allocations.iter().filter(|a| a.end.is_none()).count() as u64,
             failed_mallocs: self.failed_mallocs,
             unmatched_frees: self.unmatched_frees,
+            lost_frees: self.lost_frees,
             raw_allocs: self.raw_allocs,
             raw_frees: self.raw_frees,
             raw_bytes_allocated: 0,
@@ -179,17 +203,17 @@ impl Timeline {
             used += d;
             used_rounded += dr;
             if used > i128::from(s.peak_in_use) {
-                s.peak_in_use = used as u64;
+                s.peak_in_use = bytes(used, "bytes in use")?;
                 s.peak_step = step as u64;
             }
-            s.peak_in_use_rounded = s.peak_in_use_rounded.max(used_rounded as u64);
+            s.peak_in_use_rounded = s.peak_in_use_rounded.max(bytes(used_rounded, "rounded bytes in use")?);
         }
-        s.bytes_requested = self.allocations.iter().map(|a| a.size).sum();
+        s.bytes_requested = sum(self.allocations.iter().map(|a| a.size), "bytes requested")?;
         let mut raw_total = 0u64;
         let mut last = 0u64;
         for &(_, h) in &self.held {
             if h > last {
-                raw_total += h - last;
+                raw_total = raw_total.checked_add(h - last).ok_or(Error::Overflow("raw bytes allocated"))?;
             }
             last = h;
         }
@@ -217,20 +241,31 @@ impl Timeline {
                 stream,
                 mallocs: allocs.len() as u64,
                 frees: allocs.iter().filter(|a| a.end.is_some()).count() as u64,
-                bytes_requested: allocs.iter().map(|a| a.size).sum(),
-                peak_in_use: peak as u64,
+                bytes_requested: sum(allocs.iter().map(|a| a.size), "bytes requested")?,
+                peak_in_use: bytes(peak, "bytes in use")?,
                 largest: allocs.iter().map(|a| a.size).max().unwrap_or(0),
             });
         }
 
-        s.sites = site_stats(&self.allocations, top);
+        s.sites = site_stats(&self.allocations, top)?;
 
         let mut largest: Vec<&Allocation> = self.allocations.iter().collect();
         // Largest first; among equals the earlier first, so the list is the same on every run.
         largest.sort_by(|a, b| b.size.cmp(&a.size).then(a.id.cmp(&b.id)));
         s.largest = largest.into_iter().take(top).cloned().collect();
-        s
+        Ok(s)
     }
+}
+
+/// The sum of `values`, or [`Error::Overflow`] naming `what`.
+fn sum(mut values: impl Iterator<Item = u64>, what: &'static str) -> Result<u64> {
+    values.try_fold(0u64, u64::checked_add).ok_or(Error::Overflow(what))
+}
+
+/// A running total (never negative: every free follows its allocation) as bytes, or
+/// [`Error::Overflow`] naming `what`.
+fn bytes(total: i128, what: &'static str) -> Result<u64> {
+    u64::try_from(total).map_err(|_| Error::Overflow(what))
 }
 
 /// Statistics of a trace, as `gpumem-trace stats` prints them.
@@ -248,6 +283,9 @@ pub struct Stats {
     pub failed_mallocs: u64,
     /// Frees of allocations made before the trace began.
     pub unmatched_frees: u64,
+    /// Frees the trace lost: an address lent again without a free line (see
+    /// [`Timeline::lost_frees`]).
+    pub lost_frees: u64,
     /// Raw allocations.
     pub raw_allocs: u64,
     /// Raw frees.
@@ -293,7 +331,7 @@ pub struct SiteStats {
 }
 
 /// The `top` call sites by bytes requested (ties: the site first seen first).
-fn site_stats(allocations: &[Allocation], top: usize) -> Vec<SiteStats> {
+fn site_stats(allocations: &[Allocation], top: usize) -> Result<Vec<SiteStats>> {
     // Site -> (order first seen, its allocations).
     let mut by_site: HashMap<&str, (usize, Vec<&Allocation>)> = HashMap::new();
     for a in allocations {
@@ -304,7 +342,7 @@ fn site_stats(allocations: &[Allocation], top: usize) -> Vec<SiteStats> {
     }
     let mut sites: Vec<(usize, SiteStats)> = by_site
         .into_iter()
-        .map(|(site, (first, allocs))| {
+        .map(|(site, (first, allocs))| -> Result<(usize, SiteStats)> {
             let mut deltas: Vec<(usize, i128)> = Vec::with_capacity(allocs.len() * 2);
             for a in &allocs {
                 deltas.push((a.start, i128::from(a.size)));
@@ -324,17 +362,17 @@ fn site_stats(allocations: &[Allocation], top: usize) -> Vec<SiteStats> {
             let stats = SiteStats {
                 site: site.to_owned(),
                 mallocs: allocs.len() as u64,
-                bytes_requested: allocs.iter().map(|a| a.size).sum(),
-                peak_in_use: peak as u64,
+                bytes_requested: sum(allocs.iter().map(|a| a.size), "bytes requested")?,
+                peak_in_use: bytes(peak, "bytes in use")?,
                 live_at_end: live.len() as u64,
-                live_bytes_at_end: live.iter().map(|a| a.size).sum(),
+                live_bytes_at_end: sum(live.iter().map(|a| a.size), "bytes live at the end")?,
                 largest: allocs.iter().map(|a| a.size).max().unwrap_or(0),
             };
-            (first, stats)
+            Ok((first, stats))
         })
-        .collect();
+        .collect::<Result<_>>()?;
     sites.sort_by(|(fa, a), (fb, b)| b.bytes_requested.cmp(&a.bytes_requested).then(fa.cmp(fb)));
-    sites.into_iter().take(top).map(|(_, s)| s).collect()
+    Ok(sites.into_iter().take(top).map(|(_, s)| s).collect())
 }
 
 /// Statistics of one stream's allocations.
@@ -407,6 +445,13 @@ impl Stats {
         );
         if self.unmatched_frees > 0 {
             let _ = writeln!(s, "frees of earlier allocations  {}", self.unmatched_frees);
+        }
+        if self.lost_frees > 0 {
+            let _ = writeln!(
+                s,
+                "lost frees            {} (an address lent again without a free line)",
+                self.lost_frees
+            );
         }
         let _ = writeln!(s, "bytes requested       {}", b(self.bytes_requested));
         let _ = writeln!(s, "peak in use           {} at event {}", b(self.peak_in_use), self.peak_step);
@@ -515,7 +560,7 @@ mod tests {
             Event { hook: Hook::Malloc, mem_ptr: 0, ..malloc(0, 9, 0) },
         ];
         let t = Timeline::from_events(&events);
-        let s = t.stats(2);
+        let s = t.stats(2).unwrap();
         assert_eq!((s.mallocs, s.frees, s.live_at_end, s.failed_mallocs, s.unmatched_frees), (3, 2, 1, 1, 1));
         assert_eq!(s.peak_in_use, 1100);
         assert_eq!(s.peak_step, 1);
@@ -540,7 +585,7 @@ mod tests {
             at(malloc(6, 1, 0), "c.rs:3:h"),
             free(2),
         ];
-        let s = Timeline::from_events(&events).stats(2);
+        let s = Timeline::from_events(&events).stats(2).unwrap();
         let got: Vec<(&str, u64, u64, u64, u64, u64)> = s
             .sites
             .iter()
@@ -554,7 +599,11 @@ mod tests {
         assert!(section.find("a.rs:1:f").unwrap() < section.find("b.rs:2:g").unwrap(), "{report}");
         assert!(!section.contains("c.rs:3:h"), "only the top 2: {report}");
         // A trace without sites prints no such section.
-        assert!(!Timeline::from_events(&[malloc(1, 5, 0)]).stats(5).render().contains("top call sites"));
+        assert!(!Timeline::from_events(&[malloc(1, 5, 0)])
+            .stats(5)
+            .unwrap()
+            .render()
+            .contains("top call sites"));
     }
 
     #[test]
@@ -567,7 +616,7 @@ mod tests {
             raw(Hook::Alloc, 30, 700),
             raw(Hook::RawFree, 99, 0),
         ]);
-        let s = t.stats(0);
+        let s = t.stats(0).unwrap();
         assert_eq!((s.raw_allocs, s.raw_frees, s.peak_held, s.raw_bytes_allocated), (3, 2, 1500, 2200));
         assert_eq!(t.unmatched_raw_frees, 1);
     }

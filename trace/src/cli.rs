@@ -6,6 +6,7 @@ use std::path::{Path, PathBuf};
 
 use crate::analysis::human_bytes;
 use crate::plot::{self, ColorBy, PlotOptions};
+use crate::recommend;
 use crate::replay::{self, ReplayOptions};
 use crate::{format, import, Error, Result, Timeline, Trace};
 use clap::{Parser, Subcommand, ValueEnum};
@@ -60,6 +61,16 @@ enum Command {
         /// Lend free memory across the trace's streams, as GPUMEM_SHARE_ACROSS_STREAMS=1 does.
         #[arg(long)]
         share_across_streams: bool,
+        /// Print JSON instead of a table.
+        #[arg(long)]
+        json: bool,
+    },
+    /// Replays the trace through every growth policy, with fixed blocks and with expandable
+    /// segments (and sharing across streams for a trace of several), and names the set-up that
+    /// holds the least without buying it with raw calls, with what each costs.
+    Recommend {
+        /// The trace (`-` for standard input).
+        file: PathBuf,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -204,9 +215,15 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             }
             trace.write(create(&output, out)?)?;
             eprintln!(
-                "{} events written; {} lines or entries skipped; {} allocations and {} segments from before the recording put at the start",
-                report.events, report.skipped, report.earlier_allocations, report.earlier_segments
+                "{} events written; {} lines or entries skipped ({} not UTF-8); {} allocations and {} segments from before the recording put at the start",
+                report.events, report.skipped, report.not_utf8, report.earlier_allocations, report.earlier_segments
             );
+            if let Some(line) = report.first_malformed_line {
+                eprintln!(
+                    "warning: {} lines name a hook but are not JSON (the first: line {line}); their events are missing",
+                    report.malformed_events
+                );
+            }
         }
         Command::Replay { file, policy, expandable, share_across_streams, json } => {
             let policies = match policy {
@@ -214,7 +231,8 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 None => replay::POLICIES.to_vec(),
             };
             let trace = read_trace(&file)?;
-            let steps = replay::steps(&Timeline::new(&trace));
+            let timeline = Timeline::new(&trace);
+            let steps = replay::steps(&timeline);
             let mut results = Vec::new();
             for p in policies {
                 if expandable || share_across_streams {
@@ -240,7 +258,15 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&results).expect("results serialise"))?;
             } else {
-                writeln!(out, "{} events replayed on the host backend\n", steps.len())?;
+                writeln!(out, "{} events replayed on the host backend", steps.len())?;
+                if timeline.lost_frees > 0 {
+                    writeln!(
+                        out,
+                        "{} frees lost from the trace (an address lent again without a free line), replayed just before",
+                        timeline.lost_frees
+                    )?;
+                }
+                writeln!(out)?;
                 writeln!(
                     out,
                     "{:<28} {:>16} {:>16} {:>8} {:>10} {:>10} {:>20}",
@@ -267,8 +293,22 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 }
             }
         }
+        Command::Recommend { file, json } => {
+            let steps = replay::steps(&Timeline::new(&read_trace(&file)?));
+            let r = recommend::recommend(&steps)?;
+            if json {
+                writeln!(
+                    out,
+                    "{}",
+                    serde_json::to_string_pretty(&r).expect("the recommendation serialises")
+                )?;
+            } else {
+                writeln!(out, "{} steps replayed on the host backend\n", steps.len())?;
+                write!(out, "{}", r.render())?;
+            }
+        }
         Command::Stats { file, top, json } => {
-            let stats = Timeline::new(&read_trace(&file)?).stats(top);
+            let stats = Timeline::new(&read_trace(&file)?).stats(top)?;
             if json {
                 writeln!(out, "{}", serde_json::to_string_pretty(&stats).expect("stats serialise"))?;
             } else {

@@ -43,6 +43,10 @@ pub enum Error {
     /// error (`false` for `--help` and `--version`).
     #[error("{0}")]
     Usage(String, bool),
+    /// A sum over the trace does not fit 64 bits (a hostile or corrupt trace: no device holds
+    /// 2^64 bytes).
+    #[error("the trace's {0} exceed 2^64 - 1 bytes")]
+    Overflow(&'static str),
     /// A bad argument (an unknown policy name, an empty trace to plot).
     #[error("{0}")]
     InvalidArgument(String),

@@ -195,9 +195,11 @@ impl Trace {
     /// As [`Trace::parse`], and [`Error::Io`] when reading fails.
     pub fn read(reader: impl BufRead) -> Result<Self> {
         let mut trace = Trace::default();
-        for (i, line) in reader.lines().enumerate() {
-            let line = line?;
-            let n = i + 1;
+        for line in numbered_lines(reader) {
+            let (n, line) = line?;
+            let Some(line) = line else {
+                return Err(Error::Parse { line: n, message: "not UTF-8".into() });
+            };
             if line.trim().is_empty() {
                 continue;
             }
@@ -246,6 +248,33 @@ impl Trace {
 pub(crate) enum Line {
     Header(Header),
     Event(Event),
+}
+
+/// The lines of `reader`, each with its 1-based number, as text, or `None` for a line that is not
+/// UTF-8: unlike [`BufRead::lines`], such a line can be skipped and the lines after it read (a
+/// captured program output may hold one). The line ending (`\n` or `\r\n`) is removed.
+pub(crate) fn numbered_lines(
+    mut reader: impl BufRead,
+) -> impl Iterator<Item = Result<(usize, Option<String>)>> {
+    let mut n = 0;
+    let mut buf = Vec::new();
+    std::iter::from_fn(move || {
+        buf.clear();
+        match reader.read_until(b'\n', &mut buf) {
+            Ok(0) => None,
+            Ok(_) => {
+                n += 1;
+                if buf.last() == Some(&b'\n') {
+                    buf.pop();
+                    if buf.last() == Some(&b'\r') {
+                        buf.pop();
+                    }
+                }
+                Some(Ok((n, String::from_utf8(std::mem::take(&mut buf)).ok())))
+            }
+            Err(e) => Some(Err(e.into())),
+        }
+    })
 }
 
 /// Parses one line (`n` is its 1-based number, for errors).

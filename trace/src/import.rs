@@ -21,13 +21,23 @@ pub struct ImportReport {
     pub earlier_allocations: usize,
     /// Segments held before the recording began, likewise.
     pub earlier_segments: usize,
+    /// Of the skipped lines, those that were not UTF-8 (CuPy import).
+    pub not_utf8: usize,
+    /// Lines that name a `hook` (or the header key) but are not JSON, such as a number out of
+    /// range or a line cut short, skipped (CuPy import without `strict`): events that may be
+    /// missing from the trace. Not counted in `skipped`.
+    pub malformed_events: usize,
+    /// The first such line's number.
+    pub first_malformed_line: Option<usize>,
 }
 
 /// Reads CuPy DebugPrintHook output (JSON lines; CuPy's three keys sets, or any line of this
 /// format). DebugPrintHook writes to standard output by default, so a captured file can hold the
-/// program's own output too: lines that are not JSON objects with a `hook` key are skipped and
-/// counted, unless `strict`. A line that has a `hook` key but is not a valid event is always an
-/// error.
+/// program's own output too: lines that are not JSON objects with a `hook` key (lines that are
+/// not UTF-8 among them) are skipped and counted, unless `strict`. A JSON object with a `hook`
+/// key that is not a valid event is always an error. A line that names a `hook` but is not JSON
+/// (a number out of range, a line cut short) is an error with `strict`, and otherwise skipped
+/// and counted apart, as an event that may be missing ([`ImportReport::malformed_events`]).
 ///
 /// # Errors
 ///
@@ -35,25 +45,47 @@ pub struct ImportReport {
 pub fn cupy(reader: impl BufRead, strict: bool) -> Result<(Trace, ImportReport)> {
     let mut trace = Trace { header: Some(Header::new("cupy", None)), events: Vec::new() };
     let mut report = ImportReport::default();
-    for (i, line) in reader.lines().enumerate() {
-        let line = line?;
+    for line in format::numbered_lines(reader) {
+        let (n, line) = line?;
+        let Some(line) = line else {
+            if strict {
+                return Err(Error::Parse { line: n, message: "not UTF-8".into() });
+            }
+            report.skipped += 1;
+            report.not_utf8 += 1;
+            continue;
+        };
         if line.trim().is_empty() {
             continue;
         }
-        let looks_like_event = serde_json::from_str::<serde_json::Value>(&line)
-            .ok()
-            .is_some_and(|v| v.get("hook").is_some() || v.get(format::HEADER_KEY).is_some());
-        if !looks_like_event && !strict {
-            report.skipped += 1;
-            continue;
+        if !strict {
+            match serde_json::from_str::<serde_json::Value>(&line) {
+                Ok(v) if v.get("hook").is_some() || v.get(format::HEADER_KEY).is_some() => {}
+                Err(_) if names_a_hook(&line) => {
+                    report.malformed_events += 1;
+                    report.first_malformed_line.get_or_insert(n);
+                    continue;
+                }
+                _ => {
+                    report.skipped += 1;
+                    continue;
+                }
+            }
         }
-        match format::parse_line(&line, i + 1)? {
+        match format::parse_line(&line, n)? {
             format::Line::Event(e) => trace.events.push(e),
             format::Line::Header(_) => report.skipped += 1,
         }
     }
     report.events = trace.events.len();
     Ok((trace, report))
+}
+
+/// Whether a line that is not JSON still reads as an event line: an object naming a `hook` or
+/// the header key.
+fn names_a_hook(line: &str) -> bool {
+    line.trim_start().starts_with('{')
+        && (line.contains("\"hook\"") || line.contains(&format!("\"{}\"", format::HEADER_KEY)))
 }
 
 /// PyTorch's `torch.cuda.memory._snapshot()`, the parts the importer reads.

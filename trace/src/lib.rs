@@ -45,7 +45,9 @@
 //!
 //! A `free` ends the live allocation with the same device, `mem_ptr` and `pmem_id` (so a free
 //! written after another thread was already lent the same address ends the right one). A `free`
-//! that matches none freed memory allocated before the trace began, and is counted as such.
+//! that matches none freed memory allocated before the trace began, and is counted as such. A
+//! `malloc` that lends a live allocation's address and id again means its free line was lost:
+//! the free is counted (`lost_frees`) and taken as made just before.
 //!
 //! ```
 //! use gpumem_trace::{Timeline, Trace};
@@ -55,7 +57,7 @@
 //! {"hook":"free","device_id":0,"mem_size":512,"mem_ptr":150496608256,"pmem_id":"0x7f39200c5278","stream":0,"time_ns":1200}
 //! "#;
 //! let trace = Trace::parse(text)?;
-//! let stats = Timeline::new(&trace).stats(10);
+//! let stats = Timeline::new(&trace).stats(10)?;
 //! assert_eq!((stats.peak_in_use, stats.peak_in_use_rounded, stats.raw_allocs), (24, 512, 1));
 //! assert_eq!(trace.to_text(), text); // CuPy's lines are written back byte for byte
 //! # Ok::<(), gpumem_trace::Error>(())
@@ -67,6 +69,7 @@ pub mod error;
 pub mod format;
 pub mod import;
 pub mod plot;
+pub mod recommend;
 pub mod replay;
 
 pub use analysis::{Allocation, Stats, Timeline};

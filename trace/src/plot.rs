@@ -135,7 +135,8 @@ fn info(a: &Allocation) -> String {
 ///
 /// # Errors
 ///
-/// [`Error::InvalidArgument`] when it has no allocation, or `max_bands` is 0.
+/// [`Error::InvalidArgument`] when it has no allocation, or `max_bands` is 0;
+/// [`Error::Overflow`] as [`Timeline::stats`].
 pub fn layout(timeline: &Timeline, options: &PlotOptions) -> Result<Layout> {
     if timeline.allocations.is_empty() {
         return Err(Error::InvalidArgument("the trace has no pool allocation to plot".into()));
@@ -143,6 +144,8 @@ pub fn layout(timeline: &Timeline, options: &PlotOptions) -> Result<Layout> {
     if options.max_bands == 0 {
         return Err(Error::InvalidArgument("--max-bands must be at least 1".into()));
     }
+    // Bytes in use never pass the peak, so the sums below fit once the statistics do.
+    let peak = timeline.stats(0)?.peak_in_use;
     let allocs = &timeline.allocations;
     let steps = timeline.steps as u64;
     // Which allocations get a band: the largest `max_bands`.
@@ -260,7 +263,6 @@ pub fn layout(timeline: &Timeline, options: &PlotOptions) -> Result<Layout> {
         push(&mut bands[b], steps, cur[b], None);
     }
     push(&mut small, steps, big, Some(big + small_used));
-    let peak = timeline.stats(0).peak_in_use;
     let held: Vec<(u64, u64)> = timeline.held.iter().map(|&(s, h)| (s as u64, h)).collect();
     let y_max = held.iter().map(|h| h.1).max().unwrap_or(0).max(peak).max(1);
     if merged > 0 {

@@ -78,7 +78,8 @@ pub fn steps(timeline: &Timeline) -> Vec<Step> {
     by_step.into_iter().flatten().collect()
 }
 
-/// Peak requested bytes in use over `steps`: what any allocator must hold at least.
+/// Peak requested bytes in use over `steps`: what any allocator must hold at least (saturating
+/// at `u64::MAX`, beyond any memory a replay can have held).
 #[must_use]
 pub fn peak_in_use(steps: &[Step]) -> u64 {
     let mut live = HashMap::new();
@@ -87,10 +88,10 @@ pub fn peak_in_use(steps: &[Step]) -> u64 {
         match *step {
             Step::Alloc { id, size, .. } => {
                 live.insert(id, size as u64);
-                used += size as u64;
+                used = used.saturating_add(size as u64);
                 peak = peak.max(used);
             }
-            Step::Free { id } => used -= live.remove(&id).unwrap_or(0),
+            Step::Free { id } => used = used.saturating_sub(live.remove(&id).unwrap_or(0)),
         }
     }
     peak
@@ -249,25 +250,37 @@ where
     })
 }
 
-/// A raw allocator for the host backend whose blocks are host memory that nothing writes.
+/// A raw allocator for the host backend whose blocks are zeroed host memory whose pages the
+/// system commits only when something touches them.
 ///
-/// The host backend's own allocator zeroes each block and counts it against the simulated
-/// device's capacity, so replaying a GPU's trace would need that much real memory. A replay never
-/// reads or writes its blocks, so these are left uninitialised: the system's allocator maps large
-/// blocks without committing their pages, and a trace of tens of gigabytes replays on a machine
-/// with less. The blocks are real, writable host memory, as the host backend's are, but they are
-/// not in its registry of allocations (its copies would not know their device).
+/// The host backend's own allocator counts each block against the simulated device's capacity
+/// and zeroes it with a 512-byte alignment (which the system allocator serves by writing every
+/// byte), so replaying a GPU's trace would need that much real memory. These blocks come zeroed
+/// from the system's `calloc` instead, at its own alignment, and are aligned within a slightly
+/// larger allocation: `calloc` maps large blocks from fresh zero pages without writing them, so a
+/// trace of tens of gigabytes replays on a machine with less. The bytes are initialised (zero), so
+/// reading them, as a `copy_to_host` of the pool's memory does, is sound. The blocks are real,
+/// writable host memory, as the host backend's are, but they are not in its registry of
+/// allocations (its copies would not know their device).
 #[derive(Clone, Copy, Debug, Default)]
 pub struct UntouchedHostMemory;
 
 /// The host backend's alignment, the pool's unit.
 const HOST_ALIGN: usize = 512;
 
+/// The alignment asked of the system allocator: one it serves with `calloc` (at most its
+/// minimum alignment), so that zeroing writes nothing.
+const CALLOC_ALIGN: usize = 8;
+
 /// A block of [`UntouchedHostMemory`].
 #[derive(Debug)]
 pub struct HostBlock {
-    ptr: std::ptr::NonNull<u8>,
+    /// The allocation, `HOST_ALIGN - CALLOC_ALIGN` bytes longer than the block.
+    base: std::ptr::NonNull<u8>,
     layout: std::alloc::Layout,
+    /// The block's start: `base` rounded up to `HOST_ALIGN`.
+    ptr: usize,
+    size: usize,
     device: DeviceId,
 }
 
@@ -277,15 +290,16 @@ unsafe impl Send for HostBlock {}
 // SAFETY: this value never reads or writes the block; sharing it shares only its address.
 unsafe impl Sync for HostBlock {}
 
-// SAFETY: `ptr..ptr + size` was allocated with `layout` by the global allocator, is writable
-// host memory (the host backend's device memory is host memory) for as long as this value
-// lives, and the three values never change.
+// SAFETY: `ptr..ptr + size` lies within the allocation `base` with `layout` made by
+// `alloc_zeroed` (so every byte is initialised), is writable host memory (the host backend's
+// device memory is host memory) for as long as this value lives, and the three values never
+// change.
 unsafe impl BaseMemory<Host> for HostBlock {
     fn ptr(&self) -> usize {
-        self.ptr.as_ptr() as usize
+        self.ptr
     }
     fn size(&self) -> usize {
-        self.layout.size()
+        self.size
     }
     fn device_id(&self) -> DeviceId {
         self.device
@@ -297,17 +311,17 @@ unsafe impl BaseMemory<Host> for HostBlock {
 
 impl Drop for HostBlock {
     fn drop(&mut self) {
-        // SAFETY: `ptr` came from `alloc(layout)` and is freed once, here.
-        unsafe { std::alloc::dealloc(self.ptr.as_ptr(), self.layout) };
+        // SAFETY: `base` came from `alloc_zeroed(layout)` and is freed once, here.
+        unsafe { std::alloc::dealloc(self.base.as_ptr(), self.layout) };
     }
 }
 
 impl RawBlock for HostBlock {
     fn address(&self) -> usize {
-        self.ptr.as_ptr() as usize
+        self.ptr
     }
     fn size(&self) -> usize {
-        self.layout.size()
+        self.size
     }
     fn device(&self) -> DeviceId {
         self.device
@@ -319,11 +333,16 @@ impl RawAllocator for UntouchedHostMemory {
 
     fn allocate(&self, device: DeviceId, size: usize) -> gpumem::Result<HostBlock> {
         let oom = || gpumem::Error::OutOfMemory { size, total: None };
-        let layout = std::alloc::Layout::from_size_align(size.max(1), HOST_ALIGN).map_err(|_| oom())?;
+        let block = size.max(1);
+        let padded = block.checked_add(HOST_ALIGN - CALLOC_ALIGN).ok_or_else(oom)?;
+        let layout = std::alloc::Layout::from_size_align(padded, CALLOC_ALIGN).map_err(|_| oom())?;
         // SAFETY: `layout` has a non-zero size and a power-of-two alignment.
-        let ptr = unsafe { std::alloc::alloc(layout) };
-        let ptr = std::ptr::NonNull::new(ptr).ok_or_else(oom)?;
-        Ok(HostBlock { ptr, layout, device })
+        let base = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(layout) }).ok_or_else(oom)?;
+        // At most `HOST_ALIGN - CALLOC_ALIGN` bytes in, since `base` is `CALLOC_ALIGN`-aligned: the
+        // block's `block` bytes end within the allocation.
+        // (`as usize` exposes the allocation's provenance, for the pool's pointers made from it.)
+        let ptr = (base.as_ptr() as usize).next_multiple_of(HOST_ALIGN);
+        Ok(HostBlock { base, layout, ptr, size: block, device })
     }
 }
 
@@ -352,5 +371,22 @@ mod tests {
         )
         .unwrap();
         assert_eq!((r.peak_held, r.peak_in_use, r.ratio, r.raw_allocs), (0, 0, 0.0, 0));
+    }
+
+    /// The pool's memory on `UntouchedHostMemory` reads back as zeros through a safe copy (Miri
+    /// reported reading it as undefined behaviour when the blocks were uninitialised).
+    #[test]
+    fn untouched_host_memory_reads_as_zeros_and_is_aligned() {
+        let pool =
+            gpumem::core::SingleDeviceMemoryPool::<Host, _>::with_allocator(0, UntouchedHostMemory).unwrap();
+        let p = pool.malloc(64).unwrap();
+        assert_eq!(p.ptr() % HOST_ALIGN, 0);
+        let mut back = [0xffu8; 64];
+        p.copy_to_host(&mut back, 64).unwrap();
+        assert_eq!(back, [0u8; 64]);
+        for size in [1, 511, 512, 4097] {
+            let block = UntouchedHostMemory.allocate(0, size).unwrap();
+            assert_eq!((RawBlock::address(&block) % HOST_ALIGN, RawBlock::size(&block)), (0, size));
+        }
     }
 }

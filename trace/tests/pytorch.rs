@@ -19,7 +19,7 @@ fn import(bytes: &[u8]) -> (Trace, ImportReport) {
 fn the_synthetic_snapshot_imports_to_the_figures_its_script_worked_out() {
     let (trace, report) = import(SYNTHETIC);
     let want: Json = serde_json::from_str(SYNTHETIC_EXPECTED).unwrap();
-    let s: Stats = Timeline::new(&trace).stats(5);
+    let s: Stats = Timeline::new(&trace).stats(5).unwrap();
     let got = serde_json::to_value(&s).unwrap();
     for key in [
         "peak_in_use",
@@ -122,7 +122,7 @@ fn devices_are_interleaved_by_time() {
     let order: Vec<(i32, Hook)> = trace.events.iter().map(|e| (e.device_id, e.kind())).collect();
     assert_eq!(order, [(0, Hook::Malloc), (1, Hook::Malloc), (0, Hook::Free), (1, Hook::Free)]);
     // The same address on two devices is two allocations.
-    assert_eq!(Timeline::new(&trace).stats(0).peak_in_use, 300);
+    assert_eq!(Timeline::new(&trace).stats(0).unwrap().peak_in_use, 300);
 }
 
 #[test]
@@ -140,7 +140,7 @@ fn a_history_that_lost_its_start_still_balances() {
     );
     let (trace, report) = import(&bytes);
     assert_eq!((report.earlier_allocations, report.earlier_segments), (1, 1));
-    let s = Timeline::new(&trace).stats(0);
+    let s = Timeline::new(&trace).stats(0).unwrap();
     assert_eq!((s.mallocs, s.frees, s.unmatched_frees, s.peak_in_use), (2, 1, 0, 700));
     assert_eq!((s.raw_allocs, s.raw_frees, s.peak_held), (1, 1, 2 << 20));
 }
@@ -161,7 +161,7 @@ fn snapshots_without_history_or_not_snapshots_at_all_are_errors() {
 fn the_recorded_snapshot_imports_to_the_peaks_pytorch_reported() {
     let (trace, _) = import(include_bytes!("../fixtures/torch_snapshot.pickle"));
     let torch: Json = serde_json::from_str(include_str!("../fixtures/torch_snapshot.stats.json")).unwrap();
-    let s = Timeline::new(&trace).stats(0);
+    let s = Timeline::new(&trace).stats(0).unwrap();
     let t = |k: &str| torch[k].as_u64().unwrap_or_else(|| panic!("{k} missing"));
     // PyTorch's requested bytes drop when a free completes, as the importer's frees do.
     assert_eq!(s.peak_in_use, t("requested_bytes.all.peak"), "requested peak");

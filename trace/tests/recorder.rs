@@ -60,7 +60,7 @@ fn two_threads_on_two_streams_replay_to_the_pools_own_peaks() {
     // The main thread's free_all_blocks gave the raw blocks back.
     assert!(threads(Hook::RawFree).is_disjoint(&threads(Hook::Malloc)));
 
-    let s = Timeline::new(&trace).stats(0);
+    let s = Timeline::new(&trace).stats(0).unwrap();
     assert_eq!(s.mallocs, 80);
     assert_eq!(s.frees, 80);
     assert_eq!(s.mallocs, stats.all.allocations.allocated);

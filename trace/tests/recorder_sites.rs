@@ -60,7 +60,7 @@ fn recorded_call_sites_reach_stats_and_the_plot() {
     assert!(mallocs[3].ends_with(&small), "{mallocs:?}");
 
     // stats: the two sites, the larger first.
-    let stats = Timeline::new(&trace).stats(10);
+    let stats = Timeline::new(&trace).stats(10).unwrap();
     let sites: Vec<(bool, u64, u64, u64)> = stats
         .sites
         .iter()

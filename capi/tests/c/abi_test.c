@@ -27,6 +27,52 @@ static gpumem_stats stats(int device) {
     return s;
 }
 
+static int oom_calls = 0;
+
+static void count_oom(void *user_data, int device, const char *message) {
+    CHECK(user_data == (void *)&oom_calls && device == 0 && strstr(message, "Out of memory") != NULL);
+    oom_calls++;
+}
+
+/* The memory tools: statistics with PyTorch's keys, summary, peak reset, snapshots, recorder,
+ * OOM observers and record_stream. */
+static void tools_checks(void) {
+    char small[16];
+    ssize_t n = gpumem_memory_stats(0, NULL, 0);
+    CHECK(n > 0);
+    char *text = malloc((size_t)n + 1);
+    CHECK(text != NULL && gpumem_memory_stats(0, text, (size_t)n + 1) == n);
+    CHECK(strstr(text, "\"allocated_bytes.all.current\":") != NULL && strstr(text, "\"num_ooms\":") != NULL);
+    free(text);
+    CHECK(gpumem_memory_summary(0, small, sizeof small) > (ssize_t)sizeof small && small[sizeof small - 1] == 0);
+    CHECK(gpumem_memory_stats(0, NULL, 4) == -1 && gpumem_last_error() != NULL);
+    CHECK(gpumem_reset_peak_stats(0) == 0);
+
+    void *p = gpumem_torch_malloc(4096, 0, (cudaStream_t)0);
+    CHECK(p != NULL);
+    CHECK(gpumem_snapshot_json(0, NULL, 0) > 0);
+    CHECK(gpumem_export_snapshot(0, "/nonexistent-dir/snapshot.pickle") == -1);
+    CHECK(gpumem_record_stream(p, (cudaStream_t)0) == 0);
+    CHECK(gpumem_record_stream((char *)p + 512, (cudaStream_t)0) == -1);
+
+    CHECK(gpumem_recorder_start("abi_test_trace.jsonl") == 0);
+    CHECK(gpumem_recorder_start("abi_test_trace.jsonl") == -1);
+    gpumem_torch_free(p, 4096, 0, (cudaStream_t)0);
+    CHECK(gpumem_recorder_stop() >= 1);
+    CHECK(gpumem_recorder_stop() == -1);
+    remove("abi_test_trace.jsonl");
+
+    size_t old = 0;
+    CHECK(gpumem_get_limit(0, &old) == 0);
+    CHECK(gpumem_add_oom_observer(0, count_oom, &oom_calls) == 0);
+    CHECK(gpumem_add_oom_observer(0, NULL, NULL) == -1);
+    CHECK(gpumem_set_limit(0, 1 << 20) == 0);
+    CHECK(gpumem_torch_malloc(4 << 20, 0, (cudaStream_t)0) == NULL && oom_calls == 1);
+    CHECK(gpumem_clear_oom_observers(0) == 0);
+    CHECK(gpumem_torch_malloc(4 << 20, 0, (cudaStream_t)0) == NULL && oom_calls == 1);
+    CHECK(gpumem_set_limit(0, old) == 0);
+}
+
 int main(void) {
     const char *version = gpumem_version();
     CHECK(version != NULL && strchr(version, '.') != NULL);
@@ -59,6 +105,20 @@ int main(void) {
     gpumem_torch_free(q, 4096, 0, (cudaStream_t)2);
     CHECK(gpumem_last_error() == NULL);
     CHECK(stats(0).n_cross_stream_frees - before.n_cross_stream_frees == 1);
+
+    /* Handles that cannot be live streams are refused before use, and a refused free keeps the
+     * chunk lent (CA08-CA10). */
+    CHECK(gpumem_torch_malloc(512, 0, (cudaStream_t)0xdeadbeef) == NULL);
+    CHECK(gpumem_last_error() != NULL && strstr(gpumem_last_error(), "stream 0xdeadbeef") != NULL);
+    CHECK(gpumem_torch_malloc(512, 0, (cudaStream_t)3) == NULL && gpumem_last_error() != NULL);
+    void *b = gpumem_torch_malloc(512, 0, (cudaStream_t)0);
+    CHECK(b != NULL);
+    uint64_t live = stats(0).n_live;
+    gpumem_torch_free(b, 512, 0, (cudaStream_t)0x4000);
+    CHECK(gpumem_last_error() != NULL && strstr(gpumem_last_error(), "stream 0x4000") != NULL);
+    CHECK(stats(0).n_live == live);
+    gpumem_torch_free(b, 512, 0, (cudaStream_t)0);
+    CHECK(gpumem_last_error() == NULL && stats(0).n_live == live - 1);
 
     /* CuPy's entry points. */
     void *c = gpumem_cupy_malloc(NULL, 24, 0);
@@ -113,6 +173,7 @@ int main(void) {
            (unsigned long long)end.n_mallocs, (unsigned long long)end.n_frees,
            (unsigned long long)end.n_failed_mallocs, (unsigned long long)end.n_failed_frees,
            (unsigned long long)end.n_raw_allocs);
+    tools_checks();
     if (failures) {
         fprintf(stderr, "abi_test: %d check(s) failed\n", failures);
         return 1;

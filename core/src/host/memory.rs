@@ -31,31 +31,7 @@ pub(crate) const DEVICES_ENV: &str = "GPUMEM_HOST_DEVICES";
 pub(crate) const MEMORY_ENV: &str = "GPUMEM_HOST_DEVICE_MEMORY";
 const DEVICES_FORMS: &str = "an integer from 1 to 64 (the number of simulated devices; default 2)";
 const MEMORY_FORMS: &str =
-    "a whole number of bytes, such as 17179869184 (each simulated device's memory; default 16 GiB)";
-
-/// Reads a whole-number environment variable: `None` when unset, the value when it parses and
-/// lies in `range`, else the error naming the variable, its value and the accepted forms.
-fn env_number(
-    variable: &'static str,
-    expected: &'static str,
-    range: std::ops::RangeInclusive<usize>,
-) -> Result<Option<usize>> {
-    let value = match std::env::var(variable) {
-        Ok(v) => v,
-        Err(std::env::VarError::NotPresent) => return Ok(None),
-        Err(std::env::VarError::NotUnicode(v)) => {
-            return Err(Error::InvalidEnvironment {
-                variable,
-                value: v.to_string_lossy().into_owned(),
-                expected,
-            })
-        }
-    };
-    match value.trim().parse::<usize>() {
-        Ok(n) if range.contains(&n) => Ok(Some(n)),
-        _ => Err(Error::InvalidEnvironment { variable, value, expected }),
-    }
-}
+    "a byte size, such as 17179869184, 16GiB or 512MiB (each simulated device's memory; default 16 GiB)";
 
 /// The number of simulated devices from `GPUMEM_HOST_DEVICES` (1 to 64), default 2, so
 /// multi-device code paths run on any machine; read once.
@@ -65,7 +41,11 @@ fn env_number(
 /// `InvalidEnvironment` for a malformed value (every call reports it).
 pub(crate) fn device_count_checked() -> Result<usize> {
     static N: OnceLock<Result<usize>> = OnceLock::new();
-    N.get_or_init(|| Ok(env_number(DEVICES_ENV, DEVICES_FORMS, 1..=64)?.unwrap_or(DEFAULT_DEVICES))).clone()
+    N.get_or_init(|| {
+        let count = |text: &str| text.parse::<usize>().ok().filter(|n| (1..=64).contains(n));
+        Ok(crate::env::parse(DEVICES_ENV, DEVICES_FORMS, count)?.unwrap_or(DEFAULT_DEVICES))
+    })
+    .clone()
 }
 
 /// The number of simulated devices, for the backend's own tables: the default when the variable
@@ -82,8 +62,11 @@ pub(crate) fn device_count() -> usize {
 /// `InvalidEnvironment` for a malformed value (every call reports it).
 pub(crate) fn capacity_checked() -> Result<usize> {
     static C: OnceLock<Result<usize>> = OnceLock::new();
-    C.get_or_init(|| Ok(env_number(MEMORY_ENV, MEMORY_FORMS, 0..=usize::MAX)?.unwrap_or(DEFAULT_CAPACITY)))
-        .clone()
+    C.get_or_init(|| {
+        Ok(crate::env::parse(MEMORY_ENV, MEMORY_FORMS, crate::env::parse_byte_size)?
+            .unwrap_or(DEFAULT_CAPACITY))
+    })
+    .clone()
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -113,10 +96,17 @@ pub(crate) fn check_device(api: &'static str, dev: DeviceId) -> Result<usize> {
     }
 }
 
-/// Allocates `size > 0` zeroed bytes, for `device` (`None`: pinned host memory).
+/// The layout of an allocation of `size` bytes. A zero-size allocation takes one byte: the global
+/// allocator may not be asked for zero bytes, and each allocation needs an address of its own
+/// in the registry. It counts as zero bytes against the device's capacity.
+fn layout_of(size: usize) -> Option<Layout> {
+    Layout::from_size_align(size.max(1), ALIGN).ok()
+}
+
+/// Allocates `size` zeroed bytes (a zero-size allocation still has an address of its own), for
+/// `device` (`None`: pinned host memory).
 pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize) -> Result<DevicePtr> {
-    let layout =
-        Layout::from_size_align(size, ALIGN).map_err(|_| Error::OutOfMemory { size, total: None })?;
+    let layout = layout_of(size).ok_or_else(|| Error::size_too_large(size))?;
     let capacity = capacity_checked()?;
     let mut reg = registry();
     if let Some(dev) = device {
@@ -126,7 +116,8 @@ pub(crate) fn allocate(api: &'static str, device: Option<DeviceId>, size: usize)
         }
         reg.used[i] += size;
     }
-    // SAFETY: `layout` has a non-zero size (callers pass `size > 0`) and a valid alignment.
+    // SAFETY: `layout` has a non-zero size (`layout_of` takes at least one byte) and a valid
+    // alignment.
     let ptr = unsafe { alloc_zeroed(layout) };
     if ptr.is_null() {
         if let Some(dev) = device {
@@ -154,8 +145,9 @@ pub(crate) fn release(api: &'static str, device: Option<DeviceId>, ptr: DevicePt
         reg.used[dev as usize] -= a.size;
     }
     drop(reg);
-    let layout = Layout::from_size_align(a.size, ALIGN).expect("the layout was valid at allocation");
-    // SAFETY: `ptr` was returned by `alloc_zeroed(layout)` with this layout and is freed once: it
+    let layout = layout_of(a.size).expect("the layout was valid at allocation");
+    // SAFETY: `ptr` was returned by `alloc_zeroed(layout)` with this layout (`layout_of` of the
+    // same size) and is freed once: it
     // was just removed from the registry under its lock.
     unsafe { dealloc(ptr as *mut u8, layout) };
     Ok(())
@@ -352,5 +344,29 @@ impl MemoryOps for Host {
     /// Device memory is host memory: staging a copy through pinned buffers only adds a copy.
     fn stages_pageable_copies() -> bool {
         false
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// F5: a zero-size allocation never asks the global allocator for zero bytes (Miri reports
+    /// that as undefined behaviour), has an address of its own, and frees.
+    #[test]
+    fn zero_size_allocations_have_distinct_addresses_and_free() {
+        let a = Host::malloc(0, 0).unwrap();
+        let b = Host::malloc(0, 0).unwrap();
+        assert_ne!(a, 0);
+        assert_ne!(a, b);
+        assert_eq!(a % ALIGN, 0);
+        let pinned = Host::malloc_host(0, 0).unwrap();
+        assert!(!pinned.is_null());
+        // SAFETY: each pointer was just allocated by this backend, of this kind, and is freed once.
+        unsafe {
+            Host::free(0, a).unwrap();
+            Host::free(0, b).unwrap();
+            Host::free_host(0, pinned).unwrap();
+        }
     }
 }

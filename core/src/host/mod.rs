@@ -6,7 +6,9 @@
 //!   512-byte aligned; every device can reach every other's.
 //! - Streams: each stream is a worker thread running its queue in order. The per-thread default
 //!   stream is a worker per host thread. The null and legacy streams run their work on the
-//!   caller's thread after the device's blocking streams have drained.
+//!   caller's thread after the device's blocking streams have drained. At most 1024 streams
+//!   (per-thread default streams included) are live at once: the next is refused with
+//!   `HOST_ERROR_LAUNCH_OUT_OF_RESOURCES`, as is a stream whose thread the system cannot start.
 //! - Events complete when their stream reaches them; timing uses the host clock.
 //! - Capture records a stream's operations; the graph replays them in order. Host functions
 //!   captured once run on every replay. Streams join a capture by waiting for an event recorded
@@ -50,6 +52,16 @@ pub(crate) fn vmm_access_of(ptr: crate::hal::DevicePtr) -> Option<Vec<crate::hal
 #[cfg(test)]
 pub(crate) fn vmm_calls_on_this_thread() -> [usize; 4] {
     vmm::calls_on_this_thread()
+}
+
+/// Whether `handle` is a stream handle of the host backend that can be used now: 0, 1, 2 (the
+/// null, legacy and per-thread default streams) or a stream created and not yet destroyed.
+///
+/// The C ABI checks foreign handles with it before using them. The answer holds only while
+/// nothing destroys the stream: it does not keep it alive.
+#[must_use]
+pub fn is_live_stream(handle: usize) -> bool {
+    handle <= 2 || worker::is_live(handle)
 }
 
 use std::sync::Arc;

@@ -65,14 +65,52 @@ fn registry() -> &'static Mutex<Vec<Weak<Worker>>> {
     WORKERS.get_or_init(|| Mutex::new(Vec::new()))
 }
 
+/// Whether `raw` is the handle of a live stream: a worker's `Arc::into_raw` value (as
+/// `stream_create` returns it) that is not shut down (its thread may still hold it briefly after
+/// `stream_destroy`).
+pub(crate) fn is_live(raw: usize) -> bool {
+    lock(registry())
+        .iter()
+        .filter(|w| w.as_ptr() as usize == raw)
+        .filter_map(Weak::upgrade)
+        .any(|w| !lock(&w.state).shutdown)
+}
+
 /// Locks a mutex, ignoring poison: every critical section here leaves the state consistent (no
 /// user code runs while a lock is held).
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// The most streams (worker threads, the per-thread default streams included) the host backend
+/// runs at once. Past some thousands of threads, a thread the system did start can still fail
+/// to set itself up (its signal stack cannot be mapped), and the standard library aborts the
+/// process there; a stream refused here is an error the caller sees instead.
+pub(crate) const MAX_LIVE_STREAMS: usize = 1024;
+
+#[cfg(test)]
+thread_local! {
+    /// Makes starting a worker thread fail on this thread, as the system does when it has no
+    /// threads left (the error path's test).
+    pub(crate) static FAIL_SPAWN: Cell<bool> = const { Cell::new(false) };
+}
+
+/// Starts a worker's thread.
+fn start_thread(device: DeviceId, run: impl FnOnce() + Send + 'static) -> std::io::Result<()> {
+    #[cfg(test)]
+    if FAIL_SPAWN.with(Cell::get) {
+        return Err(std::io::Error::from(std::io::ErrorKind::OutOfMemory));
+    }
+    std::thread::Builder::new().name(format!("gpumem-host-stream-{device}")).spawn(run).map(drop)
+}
+
 impl Worker {
     /// Starts a worker thread.
+    ///
+    /// # Errors
+    ///
+    /// `OutOfResources` when [`MAX_LIVE_STREAMS`] streams are live or the thread cannot be
+    /// started.
     pub(crate) fn spawn(device: DeviceId, flags: StreamFlags, priority: i32) -> Result<Arc<Worker>> {
         let worker = Arc::new(Worker {
             device,
@@ -89,12 +127,26 @@ impl Worker {
             idle: Condvar::new(),
         });
         let runner = Arc::clone(&worker);
-        std::thread::Builder::new()
-            .name(format!("gpumem-host-stream-{device}"))
-            .spawn(move || runner.run())
-            .map_err(|e| err("cuStreamCreate", Code::OutOfResources, Some(e.to_string())))?;
+        // Counted and started under the registry's lock, so that threads starting at once cannot
+        // pass the bound together.
         let mut all = lock(registry());
         all.retain(|w| w.strong_count() > 0);
+        if all.len() >= MAX_LIVE_STREAMS {
+            return Err(err(
+                "cuStreamCreate",
+                Code::OutOfResources,
+                Some(format!(
+                    "{MAX_LIVE_STREAMS} streams are live, the most the host backend runs at once (one thread each)"
+                )),
+            ));
+        }
+        start_thread(device, move || runner.run()).map_err(|e| {
+            err(
+                "cuStreamCreate",
+                Code::OutOfResources,
+                Some(format!("cannot start the stream's thread: {e}")),
+            )
+        })?;
         all.push(Arc::downgrade(&worker));
         Ok(worker)
     }
@@ -401,5 +453,23 @@ pub(crate) fn refuse_device_capture(dev: DeviceId, api: &'static str) -> Result<
 pub(crate) fn drain_device(dev: Option<DeviceId>) {
     for w in live_workers(|w| dev.is_none_or(|d| w.device == d)) {
         w.drain();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::hal::StreamOps;
+    use crate::host::Host;
+
+    /// A thread the system cannot start is the stream's typed error, not an abort (HS01).
+    #[test]
+    fn a_thread_that_cannot_start_is_an_error() {
+        FAIL_SPAWN.with(|f| f.set(true));
+        let refused = Host::stream_create(0, StreamFlags::default(), 0);
+        FAIL_SPAWN.with(|f| f.set(false));
+        let e = refused.unwrap_err();
+        assert_eq!(e.code(), Some(Code::OutOfResources as i64), "{e}");
+        assert!(e.to_string().contains("cannot start the stream's thread"), "{e}");
     }
 }

@@ -2,9 +2,16 @@
 
 use crate::error::{Error, Result};
 
-/// The environment variable that sets each new pool's limit: bytes (`"1073741824"`) or a
-/// percentage of the device's memory (`"40%"`, `"70.5%"`). CuPy's `CUPY_GPU_MEMORY_LIMIT`.
+/// The environment variable that sets each new pool's limit: a byte size (`1073741824`, `1GiB`,
+/// `512MiB`, `1.5GB`; [the forms](crate::env)) or a percentage of the device's memory (`"40%"`,
+/// `"70.5%"`). CuPy's `CUPY_GPU_MEMORY_LIMIT`, which takes bytes and percentages.
+///
+/// A malformed value is an `InvalidEnvironment` error from every allocation of a new pool until
+/// the pool's own [`set_limit`](crate::SingleDeviceMemoryPool::set_limit) overrides it.
 pub const LIMIT_ENV: &str = "GPUMEM_GPU_MEMORY_LIMIT";
+
+/// What [`LIMIT_ENV`] accepts, as its error says.
+const LIMIT_FORMS: &str = "a byte size (1073741824, 1GiB, 512MiB, 1.5GB) or a percentage of the device's memory from 0% to 100% (40%, 70.5%)";
 
 /// A pool limit as given by the user.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -16,34 +23,37 @@ pub enum Limit {
 }
 
 impl Limit {
-    /// Parses a limit string as CuPy's `_parse_limit_string`: a trailing `%` gives a fraction,
-    /// anything else a byte count.
+    /// Parses a limit as [`LIMIT_ENV`] takes it: a trailing `%` gives a fraction (CuPy's
+    /// `_parse_limit_string`), anything else a byte size with an optional unit.
     ///
     /// # Errors
     ///
-    /// `InvalidArgument` when the text is not a number, or the fraction is out of `0..=1`.
+    /// `InvalidEnvironment` naming [`LIMIT_ENV`], the text and the accepted forms when the text
+    /// is neither, or the percentage is outside `0..=100`.
     pub fn parse(text: &str) -> Result<Limit> {
-        let text = text.trim();
-        let bad = || Error::InvalidArgument(format!("{LIMIT_ENV}: cannot parse memory limit {text:?}"));
-        let limit = if let Some(percent) = text.strip_suffix('%') {
-            Limit::Fraction(percent.trim().parse::<f64>().map_err(|_| bad())? / 100.0)
-        } else {
-            Limit::Bytes(text.parse::<usize>().map_err(|_| bad())?)
-        };
-        limit.validate()?;
-        Ok(limit)
+        Self::parse_text(text).ok_or_else(|| Error::InvalidEnvironment {
+            variable: LIMIT_ENV,
+            value: text.to_owned(),
+            expected: LIMIT_FORMS,
+        })
     }
 
-    /// Reads [`LIMIT_ENV`]; `None` when it is not set.
+    fn parse_text(text: &str) -> Option<Limit> {
+        let text = text.trim();
+        let limit = match text.strip_suffix('%') {
+            Some(percent) => Limit::Fraction(percent.trim().parse::<f64>().ok()? / 100.0),
+            None => Limit::Bytes(crate::env::parse_byte_size(text)?),
+        };
+        limit.validate().is_ok().then_some(limit)
+    }
+
+    /// Reads [`LIMIT_ENV`]; `None` when it is not set (or empty).
     ///
     /// # Errors
     ///
-    /// As [`Limit::parse`].
+    /// As [`Limit::parse`]; a value that is not valid UTF-8 is refused the same way.
     pub fn from_env() -> Result<Option<Limit>> {
-        match std::env::var(LIMIT_ENV) {
-            Ok(v) => Limit::parse(&v).map(Some),
-            Err(_) => Ok(None),
-        }
+        crate::env::parse(LIMIT_ENV, LIMIT_FORMS, Self::parse_text)
     }
 
     pub(crate) fn validate(self) -> Result<()> {
@@ -76,11 +86,29 @@ mod tests {
         assert_eq!(Limit::parse("100%").unwrap(), Limit::Fraction(1.0));
         assert_eq!(Limit::parse("0").unwrap(), Limit::Bytes(0));
         assert_eq!(Limit::parse("1073741824").unwrap(), Limit::Bytes(1 << 30));
+        assert_eq!(Limit::parse("1GiB").unwrap(), Limit::Bytes(1 << 30));
+        assert_eq!(Limit::parse("512MiB").unwrap(), Limit::Bytes(512 << 20));
+        assert_eq!(Limit::parse("1.5GB").unwrap(), Limit::Bytes(1_500_000_000));
         assert!(Limit::parse("lots").is_err());
         assert!(Limit::parse("-5").is_err());
+        assert!(Limit::parse("nan%").is_err());
+    }
+
+    /// EV05: one error kind for every malformed limit, naming the variable, the value and the
+    /// accepted forms.
+    #[test]
+    fn a_malformed_limit_names_the_variable_the_value_and_the_forms() {
+        for bad in ["150%", "lots", "-5", "1 GiB x", "%"] {
+            match Limit::parse(bad) {
+                Err(Error::InvalidEnvironment { variable, value, expected }) => {
+                    assert_eq!((variable, value.as_str(), expected), (LIMIT_ENV, bad, LIMIT_FORMS));
+                }
+                other => panic!("{bad:?} gave {other:?}"),
+            }
+        }
         assert_eq!(
             Limit::parse("150%").unwrap_err().to_string(),
-            "invalid argument: memory limit fraction out of range: 1.5"
+            format!("GPUMEM_GPU_MEMORY_LIMIT=\"150%\" is not valid: {LIMIT_FORMS}")
         );
     }
 

@@ -31,6 +31,13 @@
 //! different streams share no lock and no counter on the hot path, so threads on their own
 //! streams scale. Hooks cost one relaxed atomic load while no thread has one installed.
 //!
+//! # Where things are
+//!
+//! This file holds the pool's types and its hit path (`malloc`, `try_hit`, the miss's order of
+//! resorts in `lend_slow`); a miss that must grow the pool is in `grow`, giving memory back in
+//! `release`, and the read side (bytes, statistics, snapshots) in `inspect`. One arena's chunks
+//! are in `arena`, a lent chunk and its way back in `chunk`.
+//!
 //! The pool's logic is safe code; the two hot-path devices that need `unsafe` (the arena lock and
 //! the uncounted arena pointer) are in the `sync` module, with the invariant that makes them sound.
 
@@ -41,19 +48,23 @@ mod chunk;
 pub mod counting;
 #[allow(unsafe_code)] // the virtual-memory calls on the blocks it owns; see the module
 pub mod expandable;
+mod grow;
 mod index;
+mod inspect;
 mod key;
 mod lanes;
 mod limit;
 pub mod pinned;
 mod policy;
 mod raw;
+mod release;
 mod share;
 pub mod stats;
 mod sync;
 #[cfg(test)]
 mod tests;
-pub mod trace;
+/// The benchmark traces and their replay, at the path code was written against: [`crate::trace`].
+pub use crate::trace;
 
 use std::collections::HashMap;
 use std::fmt;
@@ -63,8 +74,8 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::error::{BoxedError, Error, Result};
-use crate::hal::types::{DeviceId, DevicePtr};
-use crate::hooks::{self, AllocEvent, MallocEvent, Observed};
+use crate::hal::types::DeviceId;
+use crate::hooks::{self, MallocEvent, Observed};
 
 use arena::ArenaState;
 pub use chunk::PooledMemory;
@@ -92,6 +103,14 @@ pub(crate) const UNIT: usize = ALLOCATION_UNIT_SIZE;
 #[must_use]
 pub fn round_size(size: usize) -> Option<usize> {
     size.checked_add(UNIT - 1).map(|s| s / UNIT * UNIT)
+}
+
+/// `size` rounded up to the pool's unit, or the error for a size no allocation can have (past
+/// [`MAX_ALLOCATION_SIZE`](crate::error::MAX_ALLOCATION_SIZE) once rounded).
+pub(crate) fn round_allocation(size: usize) -> Result<usize> {
+    round_size(size)
+        .filter(|&n| n <= crate::error::MAX_ALLOCATION_SIZE)
+        .ok_or_else(|| Error::size_too_large(size))
 }
 
 /// How a pool trades memory held from the device against calls to the raw allocator.
@@ -192,8 +211,8 @@ struct Shared<R: RawAllocator> {
 pub type Reclaimer = Box<dyn Fn(bool) + Send + Sync>;
 
 /// The environment variable that turns expandable segments on for each new pool whose raw
-/// allocator can grow blocks in place: `1` or `true` on, `0` or `false` off (PyTorch's
-/// `expandable_segments:True`).
+/// allocator can grow blocks in place: a flag, such as `1` or `true` on, `0` or `false` off
+/// (PyTorch's `expandable_segments:True`; [the forms](crate::env)).
 pub const EXPANDABLE_SEGMENTS_ENV: &str = "GPUMEM_EXPANDABLE_SEGMENTS";
 
 /// Reads [`EXPANDABLE_SEGMENTS_ENV`]; `None` when it is not set.
@@ -206,8 +225,8 @@ pub fn expandable_segments_from_env() -> Result<Option<bool>> {
 }
 
 /// The environment variable that makes each new pool of the runtime lend free memory across
-/// streams ([`Pool::set_share_across_streams`]): `1` or `true` on, `0` or `false` off (the
-/// default, CuPy's rule).
+/// streams ([`Pool::set_share_across_streams`]): a flag, such as `1` or `true` on, `0` or
+/// `false` off (the default, CuPy's rule; [the forms](crate::env)).
 pub const SHARE_ACROSS_STREAMS_ENV: &str = "GPUMEM_SHARE_ACROSS_STREAMS";
 
 /// Reads [`SHARE_ACROSS_STREAMS_ENV`]; `None` when it is not set.
@@ -219,14 +238,9 @@ pub fn share_across_streams_from_env() -> Result<Option<bool>> {
     flag_from_env(SHARE_ACROSS_STREAMS_ENV)
 }
 
-/// An on/off environment variable: `1`, `true` or `True`; `0`, `false` or `False`.
+/// An on/off environment variable, read as [`crate::env::flag`] reads every flag.
 fn flag_from_env(variable: &'static str) -> Result<Option<bool>> {
-    let Ok(value) = std::env::var(variable) else { return Ok(None) };
-    match value.trim() {
-        "1" | "true" | "True" => Ok(Some(true)),
-        "0" | "false" | "False" => Ok(Some(false)),
-        _ => Err(Error::InvalidEnvironment { variable, value, expected: "1, true, 0 or false" }),
-    }
+    crate::env::flag(variable)
 }
 
 /// A chunk waiting for its fence before it goes back to its arena.
@@ -453,7 +467,7 @@ impl<R: RawAllocator> Pool<R> {
         if hooks::active() {
             return Ok(self.malloc_hooked(size, key, cache)?);
         }
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_allocation(size)?;
         if mem_size == 0 {
             return Ok(PooledMemory::empty(self.shared.device));
         }
@@ -477,7 +491,7 @@ impl<R: RawAllocator> Pool<R> {
         key: ArenaKey,
         cache: &ArenaCache,
     ) -> Result<PooledMemory<R>, BoxedError> {
-        let mem_size = round_size(size).ok_or_else(|| Error::OutOfMemory { size, total: None })?;
+        let mem_size = round_allocation(size)?;
         let pre = MallocEvent { device_id: self.shared.device, size, mem_size, mem_ptr: 0, pmem_id: 0 };
         hooks::fire(hooks::MALLOC_PREPROCESS, |h| h.malloc_preprocess(&pre))?;
         // A hooked allocation has not looked in the cached arena yet.
@@ -615,424 +629,6 @@ impl<R: RawAllocator> Pool<R> {
         }))
     }
 
-    /// A cache miss: reserve against the limit, allocate a raw block (with the retry ladder) and
-    /// lend all of it from arena `key`.
-    #[cold]
-    fn grow(
-        &self,
-        size: usize,
-        mem_size: usize,
-        key: ArenaKey,
-        cache: &ArenaCache,
-        hooked: bool,
-    ) -> Result<PooledMemory<R>> {
-        // `HoldPeakInUse` releases whole blocks to stay at its peak; growing blocks in place works
-        // against that (measured: it held 2.5 times what was in use), so it does not grow them.
-        if self.shared.expandable.load(Ordering::Relaxed)
-            && self.growth_policy() != GrowthPolicy::HoldPeakInUse
-        {
-            if let Some(p) = self.grow_in_place(size, mem_size, key, cache)? {
-                return Ok(p);
-            }
-        }
-        let mut block_len = mem_size;
-        if self.shared.expandable.load(Ordering::Relaxed) {
-            // The block maps whole granules: the pool counts and lends all of them.
-            let granule = self.shared.allocator.granule().max(1);
-            block_len = mem_size
-                .checked_next_multiple_of(granule)
-                .ok_or_else(|| Error::OutOfMemory { size: mem_size, total: None })?;
-        }
-        match self.growth_policy() {
-            GrowthPolicy::CacheUntilOutOfMemory => {}
-            GrowthPolicy::Segments => block_len = self.fuse_for(mem_size, key, cache)?,
-            GrowthPolicy::ReleaseBeforeGrow => self.free_all_blocks(None),
-            GrowthPolicy::HoldPeakInUse => {
-                // Saturating: a request this large fails below, against the limit or the device.
-                let in_use = self.used_bytes().saturating_add(mem_size);
-                let peak = self.shared.peak_in_use.fetch_max(in_use, Ordering::Relaxed).max(in_use);
-                let excess = self.total_bytes().saturating_add(mem_size).saturating_sub(peak);
-                if excess > 0 {
-                    self.release_cached(excess);
-                }
-            }
-        }
-        let block = match self.reserve_and_allocate(block_len, key, hooked) {
-            // The rounded block does not fit where the request alone might: ask for that.
-            Err(e)
-                if block_len > mem_size
-                    && (e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. })) =>
-            {
-                block_len = mem_size;
-                self.reserve_and_allocate(mem_size, key, hooked)?
-            }
-            other => other?,
-        };
-        let mut block = Some(block);
-        loop {
-            let arena = self.arena(key, cache);
-            let mut st = arena.state.lock();
-            if st.retired {
-                // Retired by a concurrent `free_all_blocks` since we looked: take the new one.
-                continue;
-            }
-            let Some(block) = block.take() else { unreachable!("the block is lent once") };
-            let lent = st.lend_new_block(block, block_len, mem_size, size);
-            drop(st);
-            return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
-        }
-    }
-
-    /// Expandable segments: meets a miss by growing the arena's newest block at its end, by what
-    /// its free tail lacks (rounded up to the allocator's granule). `None` when there is no such
-    /// block, the growth would pass the limit, or the allocator cannot grow it: the caller then
-    /// allocates a new block as usual. Growth fires no alloc hook (no raw block is allocated);
-    /// the arena's lock is held across the allocator's call, so only this arena's stream waits.
-    fn grow_in_place(
-        &self,
-        size: usize,
-        mem_size: usize,
-        key: ArenaKey,
-        cache: &ArenaCache,
-    ) -> Result<Option<PooledMemory<R>>> {
-        let arena = self.arena(key, cache);
-        let mut st = arena.state.lock();
-        if st.retired {
-            return Ok(None);
-        }
-        let Some(tail) = st.growable_tail(mem_size) else { return Ok(None) };
-        let granule = self.shared.allocator.granule().max(1);
-        let Some(mut extra) = mem_size.saturating_sub(tail.free).checked_next_multiple_of(granule) else {
-            return Ok(None);
-        };
-        if extra > 0 && self.growth_policy() == GrowthPolicy::Segments {
-            extra = policy::growth(mem_size, extra, granule, tail.mapped);
-        }
-        if extra == 0 {
-            // The tail fits after all (a fence completed, or another request's chunk came back).
-            if let Some(lent) = st.take_with_tail(mem_size, size) {
-                drop(st);
-                return Ok(Some(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size)));
-            }
-            return Ok(None);
-        }
-        let limit = self.get_limit();
-        let fits = self.shared.total_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
-            total.checked_add(extra).filter(|&t| limit == 0 || t <= limit)
-        });
-        if fits.is_err() {
-            return Ok(None);
-        }
-        let grown = match st.grow_tail(mem_size, extra, |block| self.shared.allocator.grow(block, extra)) {
-            Ok(grown) => grown,
-            Err(e) if e.is_out_of_memory() => false,
-            Err(e) => {
-                self.shared.total_bytes.fetch_sub(extra, Ordering::Relaxed);
-                return Err(e);
-            }
-        };
-        if !grown {
-            self.shared.total_bytes.fetch_sub(extra, Ordering::Relaxed);
-            return Ok(None);
-        }
-        self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
-        // The grown tail holds the request, in the request's free index; best fit may still pick
-        // a smaller free chunk that fits, which is as good.
-        // `HoldPeakInUse`'s bound on splits does not apply: the tail was grown for this request.
-        let bounded = std::mem::replace(&mut st.bounded_split, false);
-        let lent = st.take_with_tail(mem_size, size);
-        st.bounded_split = bounded;
-        let Some(lent) = lent else { return Ok(None) };
-        drop(st);
-        Ok(Some(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size)))
-    }
-
-    /// Turns expandable segments on or off: with them, a miss grows the arena's newest raw block
-    /// in place (more pages mapped at its end) instead of allocating a new one, and
-    /// `free_all_blocks` unmaps the free tails of blocks. The free tail of the growing block is
-    /// lent only when no other free chunk fits (dlmalloc's rule for its top chunk; PyTorch has no
-    /// such rule): a request that fits a hole fills the hole, and the tail stays in one piece for
-    /// a request that needs it grown. Off by default; the runtime's pools turn it on when their
-    /// raw allocator grows blocks, which the runtime's device allocator does with
-    /// [`EXPANDABLE_SEGMENTS_ENV`] set.
-    ///
-    /// # Errors
-    ///
-    /// `Unsupported` when turning it on and the raw allocator cannot grow blocks.
-    pub fn set_expandable_segments(&self, on: bool) -> Result<()> {
-        if on && !self.shared.allocator.expandable() {
-            return Err(Error::Unsupported {
-                operation: "expandable segments",
-                backend: "this raw allocator",
-            });
-        }
-        let map = self.arenas.lock();
-        self.shared.expandable.store(on, Ordering::Relaxed);
-        for arena in map.values() {
-            self.configure(&mut arena.state.lock());
-        }
-        Ok(())
-    }
-
-    /// Whether expandable segments are on.
-    #[must_use]
-    pub fn expandable_segments(&self) -> bool {
-        self.shared.expandable.load(Ordering::Relaxed)
-    }
-
-    /// `GrowthPolicy::Segments` on a miss of `mem_size` bytes in arena `key`: gives back the
-    /// arena's whole free blocks of the request's class (large requests only) and returns the size
-    /// of the block to ask for instead.
-    fn fuse_for(&self, mem_size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<usize> {
-        let mut released = Vec::new();
-        let mut fused = 0;
-        if policy::class(mem_size, true) == 1 {
-            let arena = self.arena(key, cache);
-            let mut st = arena.state.lock();
-            if !st.retired {
-                fused = st.release_free_blocks_of(1, &mut released);
-                self.shared.total_bytes.fetch_sub(fused, Ordering::Relaxed);
-            }
-            drop(st);
-            self.observe_raw_frees(key, &released);
-        }
-        // The raw frees (driver calls) run after the lock is released.
-        drop(released);
-        let block = policy::block_size(mem_size, fused)
-            .ok_or_else(|| Error::OutOfMemory { size: mem_size, total: None })?;
-        Ok(block)
-    }
-
-    /// Reserves `size` bytes against the limit and allocates the raw block, undoing the
-    /// reservation on every way out: an error, a hook's error or a hook's panic.
-    fn reserve_and_allocate(&self, size: usize, key: ArenaKey, hooked: bool) -> Result<R::Block> {
-        self.reserve(size)?;
-        let reservation = Reservation { total: &self.shared.total_bytes, size };
-        match self.allocate_raw(size, key, hooked) {
-            Ok(block) => {
-                std::mem::forget(reservation);
-                self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
-                Ok(block)
-            }
-            Err(Error::OutOfMemory { .. }) => {
-                drop(reservation);
-                Err(Error::OutOfMemory { size, total: Some(self.total_bytes()) })
-            }
-            Err(other) => Err(other),
-        }
-    }
-
-    /// Reserves `size` bytes against the limit, releasing cached blocks (and waiting for fenced
-    /// chunks) and retrying twice.
-    fn reserve(&self, size: usize) -> Result<()> {
-        let limit = self.get_limit();
-        let exceeded = |pool: &Self| Error::LimitExceeded { size, total: pool.total_bytes(), limit };
-        if limit != 0 && size > limit {
-            return Err(exceeded(self));
-        }
-        for attempt in 0..3 {
-            if attempt == 1 {
-                self.shared.n_retries.fetch_add(1, Ordering::Relaxed);
-            }
-            if attempt > 0 {
-                self.reclaim(attempt == 2);
-                self.collect_fenced(attempt == 2);
-                self.free_all_blocks(None);
-            }
-            let fits = self.shared.total_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
-                total.checked_add(size).filter(|&t| limit == 0 || t <= limit)
-            });
-            match fits {
-                Ok(_) => return Ok(()),
-                // No limit, and the sum itself overflows: no device has that much memory.
-                Err(total) if limit == 0 => return Err(Error::OutOfMemory { size, total: Some(total) }),
-                Err(_) => {}
-            }
-        }
-        Err(exceeded(self))
-    }
-
-    /// Asks the raw allocator for `size` bytes: three attempts, releasing every arena's cached
-    /// blocks before the second and the third (and waiting for fenced chunks before the third),
-    /// with the alloc hooks around each. Every block is checked against the request.
-    fn allocate_raw(&self, size: usize, key: ArenaKey, hooked: bool) -> Result<R::Block> {
-        let device_id = self.shared.device;
-        let mut attempt = 0;
-        loop {
-            let pre = AllocEvent { device_id, mem_size: size, mem_ptr: 0 };
-            if hooked {
-                hooks::fire(hooks::ALLOC_PREPROCESS, |h| h.alloc_preprocess(&pre))?;
-            }
-            let result = self
-                .shared
-                .allocator
-                .allocate(device_id, size)
-                .and_then(|block| raw::check_block(&block, device_id, size).map(|()| block));
-            if hooked {
-                let mem_ptr = result.as_ref().map_or(0, RawBlock::address);
-                hooks::observe(Observed::Alloc(AllocEvent { mem_ptr, ..pre }), key.stream_key().raw());
-                // On error the new block (if any) is dropped, i.e. freed: nothing leaks.
-                hooks::fire(hooks::ALLOC_POSTPROCESS, |h| {
-                    h.alloc_postprocess(&AllocEvent { mem_ptr, ..pre })
-                })?;
-            }
-            match result {
-                Err(e) if e.is_out_of_memory() && attempt < 2 => {
-                    if attempt == 0 {
-                        self.shared.n_retries.fetch_add(1, Ordering::Relaxed);
-                    }
-                    attempt += 1;
-                    self.reclaim(attempt == 2);
-                    self.collect_fenced(attempt == 2);
-                    self.free_all_blocks(None);
-                }
-                other => return other,
-            }
-        }
-    }
-
-    /// Gives back the fenced chunks whose fences have completed; with `wait`, waits for every
-    /// fence first.
-    fn collect_fenced(&self, wait: bool) {
-        if !self.shared.any_fenced.load(Ordering::Acquire) {
-            return;
-        }
-        let pending = std::mem::take(&mut *self.shared.fenced.lock());
-        let mut kept = Vec::new();
-        for f in pending {
-            if wait {
-                f.fence.wait();
-            }
-            // Checked after a wait too: a fence that could not be waited for (one still to be
-            // recorded, inside a host function) keeps its chunk.
-            if f.fence.is_complete() {
-                give_back(f.arena, f.slot);
-            } else {
-                kept.push(f);
-            }
-        }
-        let mut fenced = self.shared.fenced.lock();
-        fenced.extend(kept);
-        self.shared.any_fenced.store(!fenced.is_empty(), Ordering::Release);
-    }
-
-    /// Releases the free chunks that are whole raw blocks, in every arena (`None`) or in arena
-    /// `key` (CuPy's `free_all_blocks(stream=None)`). Arenas left with no memory at all are
-    /// dropped from the pool.
-    pub fn free_all_blocks(&self, key: Option<ArenaKey>) {
-        let arenas: Vec<(ArenaKey, Arc<Arena<R>>)> = {
-            let map = self.arenas.lock();
-            match key {
-                None => map.iter().map(|(k, a)| (*k, Arc::clone(a))).collect(),
-                // Every lane of the stream, for the stream's key.
-                Some(k) => map
-                    .iter()
-                    .filter(|(mk, _)| **mk == k || (k == k.stream_key() && mk.stream_key() == k))
-                    .map(|(mk, a)| (*mk, Arc::clone(a)))
-                    .collect(),
-            }
-        };
-        let mut released = Vec::new();
-        for (key, arena) in arenas {
-            let first = released.len();
-            let bytes;
-            let empty;
-            {
-                let mut st = arena.state.lock();
-                let mut cut = 0;
-                if self.shared.expandable.load(Ordering::Relaxed) {
-                    let (allocator, granule) =
-                        (&self.shared.allocator, self.shared.allocator.granule().max(1));
-                    // A failed unmap keeps the tail: it stays cached and lendable.
-                    cut =
-                        st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
-                }
-                bytes = st.release_free_blocks(&mut released) + cut;
-                empty = st.is_empty();
-            }
-            self.observe_raw_frees(key, &released[first..]);
-            self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            if empty {
-                let mut map = self.arenas.lock();
-                let mut st = arena.state.lock();
-                // Re-checked under both locks: a thread may have allocated from it meanwhile.
-                if st.is_empty() && map.get(&key).is_some_and(|a| Arc::ptr_eq(a, &arena)) {
-                    st.retired = true;
-                    map.remove(&key);
-                    self.shared.retired.lock().absorb(&st.counters);
-                }
-            }
-        }
-        // The raw frees (driver calls) run after every lock is released.
-        drop(released);
-    }
-
-    /// Releases cached whole blocks of any arena, largest first, until at least `bytes` are
-    /// released or none is left.
-    fn release_cached(&self, bytes: usize) {
-        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
-        let mut candidates: Vec<(usize, u32, usize)> = Vec::new();
-        for (i, arena) in arenas.iter().enumerate() {
-            let st = arena.state.lock();
-            candidates.extend(st.whole_free_blocks().into_iter().map(|(slot, size)| (size, slot, i)));
-        }
-        candidates.sort_unstable_by(|a, b| b.cmp(a));
-        let mut released = Vec::new();
-        let mut done = 0usize;
-        for (size, slot, i) in candidates {
-            if done >= bytes {
-                break;
-            }
-            if let Some(mem) = arenas[i].state.lock().release_whole(slot, size) {
-                self.shared.total_bytes.fetch_sub(size, Ordering::Relaxed);
-                self.observe_raw_frees(arenas[i].key, std::slice::from_ref(&mem));
-                released.push(mem);
-                done = done.saturating_add(size);
-            }
-        }
-        drop(released);
-    }
-
-    /// Tells the process-wide observers of raw blocks about to be given back.
-    fn observe_raw_frees(&self, key: ArenaKey, blocks: &[R::Block]) {
-        observe_raw_frees::<R>(self.shared.device, key, blocks);
-    }
-
-    fn sum_arenas(&self, f: impl Fn(&ArenaState<R::Block>) -> usize) -> usize {
-        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
-        arenas.iter().map(|a| f(&a.state.lock())).sum()
-    }
-
-    /// Bytes lent out (rounded sizes), chunks waiting for a fence included.
-    #[must_use]
-    pub fn used_bytes(&self) -> usize {
-        self.sum_arenas(|st| st.used_bytes)
-    }
-
-    /// Bytes cached and free: `total_bytes() - used_bytes()`, as CuPy 14.1+.
-    #[must_use]
-    pub fn free_bytes(&self) -> usize {
-        self.total_bytes().saturating_sub(self.used_bytes())
-    }
-
-    /// Bytes held from the raw allocator.
-    #[must_use]
-    pub fn total_bytes(&self) -> usize {
-        self.shared.total_bytes.load(Ordering::Relaxed)
-    }
-
-    /// The number of free chunks in all arenas (split remainders counted separately).
-    #[must_use]
-    pub fn n_free_blocks(&self) -> usize {
-        self.sum_arenas(ArenaState::n_free)
-    }
-
-    /// The number of chunks released behind a fence that has not been seen complete yet.
-    #[must_use]
-    pub fn n_fenced(&self) -> usize {
-        self.shared.fenced.lock().len()
-    }
-
     /// Sets the limit on bytes held from the device; 0 means unlimited.
     pub fn set_limit(&self, bytes: usize) {
         self.shared.limit.store(bytes, Ordering::Relaxed);
@@ -1080,142 +676,6 @@ impl<R: RawAllocator> Pool<R> {
             1 => GrowthPolicy::ReleaseBeforeGrow,
             2 => GrowthPolicy::HoldPeakInUse,
             _ => GrowthPolicy::Segments,
-        }
-    }
-
-    /// The pool's statistics and each arena's (see [`stats`]). Takes each arena's lock in turn,
-    /// so under concurrent allocation the arenas are read at slightly different moments.
-    #[must_use]
-    pub fn stats(&self) -> PoolStats {
-        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
-        let mut sum = *self.shared.retired.lock();
-        let (mut used, mut lent) = (0u64, 0u64);
-        let mut per_arena: Vec<ArenaStats> = arenas
-            .iter()
-            .map(|a| {
-                let st = a.state.lock();
-                sum.absorb(&st.counters);
-                used += st.used_bytes as u64;
-                lent += st.n_lent as u64;
-                ArenaStats {
-                    arena: a.key,
-                    stats: MemoryStats::of(&st.counters, st.used_bytes as u64, st.n_lent as u64),
-                }
-            })
-            .collect();
-        per_arena.sort_unstable_by_key(|a| a.arena);
-        let mut all = MemoryStats::of(&sum, used, lent);
-        // Reserved bytes are counted once for the pool, off the hot path: exact.
-        let total = self.total_bytes() as u64;
-        all.reserved_bytes.peak = (self.shared.peak_total.load(Ordering::Relaxed) as u64).max(total);
-        all.oom_errors = self.shared.n_oom.load(Ordering::Relaxed);
-        all.retries = self.shared.n_retries.load(Ordering::Relaxed);
-        all.lent_across_streams = self.shared.n_lent_across.load(Ordering::Relaxed);
-        PoolStats {
-            device: self.shared.device,
-            all,
-            peaks_exact: self.shared.arenas_since_reset.load(Ordering::Relaxed) <= 1,
-            arenas: per_arena,
-        }
-    }
-
-    /// Sets every peak of the pool and its arenas to its current value (PyTorch's
-    /// `reset_peak_memory_stats`).
-    pub fn reset_peak(&self) {
-        let map = self.arenas.lock();
-        for a in map.values() {
-            let mut st = a.state.lock();
-            let (used, lent) = (st.used_bytes, st.n_lent);
-            st.counters.reset_peaks(used, lent);
-        }
-        // Retired arenas hold nothing: their part of every current value is 0.
-        self.shared.retired.lock().reset_peaks(0, 0);
-        self.shared.arenas_since_reset.store(map.len(), Ordering::Relaxed);
-        self.shared.peak_total.store(self.total_bytes(), Ordering::Relaxed);
-    }
-
-    /// Every segment of every arena with its chunks (PyTorch's `memory_snapshot()`).
-    #[must_use]
-    pub fn snapshot(&self) -> PoolSnapshot {
-        let arenas: Vec<Arc<Arena<R>>> = self.arenas.lock().values().cloned().collect();
-        let mut segments = Vec::new();
-        for a in &arenas {
-            let raw = a.state.lock().segments();
-            segments.extend(PoolSnapshot::segments_of(a.key.stream_key(), raw));
-        }
-        segments.sort_unstable_by_key(|s| s.address);
-        PoolSnapshot { device: self.shared.device, segments }
-    }
-
-    /// The statistics as a readable table, in the spirit of PyTorch's `memory_summary()`.
-    #[must_use]
-    pub fn memory_summary(&self) -> String {
-        self.stats().to_string()
-    }
-
-    /// Adds an observer that the pool calls, with the error and its snapshot, before an
-    /// allocation's out-of-memory error (`OutOfMemory` or `LimitExceeded`) returns (PyTorch's
-    /// `_attach_out_of_memory_observer`). It runs on the allocating thread, outside the pool's
-    /// locks.
-    pub fn add_oom_observer(&self, observer: impl Fn(&Error, &PoolSnapshot) + Send + Sync + 'static) {
-        self.shared.oom_observers.lock().push(Arc::new(observer));
-    }
-
-    /// Removes every out-of-memory observer.
-    pub fn clear_oom_observers(&self) {
-        self.shared.oom_observers.lock().clear();
-    }
-
-    /// The free chunks of arena `key` as `(ptr, size)`, for debugging.
-    #[must_use]
-    pub fn free_chunks(&self, key: ArenaKey) -> Vec<(DevicePtr, usize)> {
-        self.arenas.lock().get(&key).map(|a| a.state.lock().free_chunks()).unwrap_or_default()
-    }
-
-    /// The free chunks of the arena that a thread with `cache` allocates from on stream `key`:
-    /// the lane it moved to, if it moved (module `lanes`), else arena `key`. For debugging.
-    #[must_use]
-    pub fn free_chunks_seen_by(&self, key: ArenaKey, cache: &ArenaCache) -> Vec<(DevicePtr, usize)> {
-        match cache.get::<Arena<R>>(self.shared.uid, key) {
-            Some(arena) => arena.state.lock().free_chunks(),
-            None => self.free_chunks(key),
-        }
-    }
-}
-
-/// A reservation against the limit, undone when dropped (an error or a hook's panic between the
-/// reservation and the block's arrival).
-struct Reservation<'a> {
-    total: &'a AtomicUsize,
-    size: usize,
-}
-
-impl Drop for Reservation<'_> {
-    fn drop(&mut self) {
-        self.total.fetch_sub(self.size, Ordering::Relaxed);
-    }
-}
-
-impl<R: RawAllocator> Drop for Pool<R> {
-    fn drop(&mut self) {
-        // Fenced chunks are waited for: their blocks go back with the pool.
-        self.collect_fenced(true);
-        self.free_all_blocks(None);
-        // Arenas with chunks still lent out outlive the pool: each is orphaned and kept alive
-        // until its last chunk comes back; meanwhile every chunk that comes back releases its raw
-        // block as soon as the block is whole again.
-        for arena in self.arenas.get_mut().values() {
-            let mut st = arena.state.lock();
-            let mut released = Vec::new();
-            let bytes = st.release_free_blocks(&mut released);
-            self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
-            observe_raw_frees::<R>(self.shared.device, arena.key, &released);
-            if st.n_lent > 0 {
-                st.orphaned = true;
-                ArenaRef::keep_alive(arena);
-            }
-            drop(st);
-            drop(released);
         }
     }
 }

@@ -50,7 +50,9 @@ pub trait RawAllocator: Send + Sync + 'static {
 
     /// Makes `block` `extra` bytes (a multiple of [`Self::granule`]) longer at its end, in
     /// place: its address stays, its size grows. `Ok(false)` when it cannot (its reserved range
-    /// is full); the pool then allocates a new block.
+    /// is full); the pool then allocates a new block. The pool checks the block after an
+    /// `Ok(true)`: same address and device, exactly `extra` bytes longer, or
+    /// [`Error::InvalidRawBlock`] and nothing is lent from the growth.
     ///
     /// # Errors
     ///
@@ -63,7 +65,8 @@ pub trait RawAllocator: Send + Sync + 'static {
     /// Gives back at most the last `bytes` (a multiple of [`Self::granule`], less than the
     /// block's size) of `block`, which the pool no longer lends, and returns how many it gave back:
     /// whole granules, possibly fewer than asked (an allocator that maps growths whole gives back
-    /// only whole growths), 0 when it cannot.
+    /// only whole growths), 0 when it cannot. The pool goes by the block's size afterwards, not
+    /// by the returned count: what the block no longer covers is never lent.
     ///
     /// # Errors
     ///
@@ -97,6 +100,30 @@ pub(crate) fn check_block<K: RawBlock>(block: &K, device: DeviceId, size: usize)
         Ok(())
     } else {
         Err(Error::InvalidRawBlock { requested: size, device, address, size: got, block_device: on })
+    }
+}
+
+/// Checks a block the allocator says it grew (or resized) in place: it must still start at
+/// `address` on `device` and now be exactly `size` bytes long. A block that moved would leave the
+/// chunks already lent from it dangling, and one shorter than the pool believes would get chunks
+/// lent past its end, so the pool lends nothing from a block that fails this check.
+pub(crate) fn check_resized<K: RawBlock>(
+    block: &K,
+    address: DevicePtr,
+    device: DeviceId,
+    size: usize,
+) -> Result<()> {
+    let (now_at, now_size, on) = (block.address(), block.size(), block.device());
+    if now_at == address && now_size == size && on == device && address.checked_add(size).is_some() {
+        Ok(())
+    } else {
+        Err(Error::InvalidRawBlock {
+            requested: size,
+            device,
+            address: now_at,
+            size: now_size,
+            block_device: on,
+        })
     }
 }
 

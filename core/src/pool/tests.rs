@@ -7,6 +7,8 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::*;
+use crate::hal::types::DevicePtr;
+use crate::hooks::AllocEvent;
 
 /// A block the mock hands out: an address range, recorded as live until dropped.
 struct MockBlock {
@@ -150,11 +152,12 @@ fn the_out_of_memory_ladder_waits_for_fences_before_giving_up() {
 fn overflowing_requests_are_errors_of_the_right_kind() {
     let (pool, _mock, cache) = pool();
     let _a = pool.malloc(2048, ArenaKey::NULL, &cache).unwrap();
+    // No allocation can be this large: a bad argument, not an out-of-memory to retry.
     let err = pool.malloc(usize::MAX - 1024, ArenaKey::NULL, &cache).unwrap_err();
-    assert!(matches!(err, Error::OutOfMemory { .. }), "unlimited pool: {err:?}");
+    assert!(matches!(err, Error::InvalidArgument(_)), "unlimited pool: {err:?}");
     pool.set_growth_policy(GrowthPolicy::HoldPeakInUse);
     let err = pool.malloc(usize::MAX - 1024, ArenaKey::NULL, &cache).unwrap_err();
-    assert!(err.is_out_of_memory(), "{err:?}");
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
     assert_eq!(pool.total_bytes(), 2048);
 }
 
@@ -685,10 +688,13 @@ fn the_expandable_segments_variable_is_read_strictly() {
         std::env::set_var(EXPANDABLE_SEGMENTS_ENV, value);
         assert_eq!(expandable_segments_from_env().unwrap(), expected, "{value}");
     }
-    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "yes");
+    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "maybe");
     let err = expandable_segments_from_env().unwrap_err();
     assert!(matches!(err, Error::InvalidEnvironment { .. }), "{err:?}");
-    assert_eq!(err.to_string(), "GPUMEM_EXPANDABLE_SEGMENTS=\"yes\" is not valid: 1, true, 0 or false");
+    assert_eq!(
+        err.to_string(),
+        "GPUMEM_EXPANDABLE_SEGMENTS=\"maybe\" is not valid: 1, true, yes or on; 0, false, no or off (in any case)"
+    );
     std::env::remove_var(EXPANDABLE_SEGMENTS_ENV);
     assert_eq!(expandable_segments_from_env().unwrap(), None);
 }
@@ -1369,5 +1375,150 @@ fn shared_across_streams_chunks_stay_disjoint_and_every_byte_comes_back() {
         assert_eq!(pool.used_bytes(), 0);
         pool.free_all_blocks(None);
         assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte went back");
+    }
+}
+
+#[test]
+fn completed_fences_are_settled_by_used_bytes_stats_and_free_all_blocks() {
+    // SH04: a chunk lent across streams comes back behind a fence; once the fence completes,
+    // nothing freed may stay counted, and `free_all_blocks` gives its block back at once.
+    let (pool, mock, cache, orders) = sharing_pool();
+    let (a, b) = (ArenaKey::stream(10), ArenaKey::stream(20));
+    drop(pool.malloc(1000, a, &cache).unwrap());
+    drop(pool.malloc(1000, b, &cache).unwrap());
+    assert_eq!(pool.stats().all.lent_across_streams, 1);
+    assert_eq!(pool.used_bytes(), 1024, "its fence has not completed");
+    for (_, fence) in orders.fences.lock().unwrap().iter() {
+        fence.store(true, Ordering::Release);
+    }
+    assert_eq!(pool.stats().all.active_bytes.current, 0, "stats settle completed fences");
+    assert_eq!((pool.used_bytes(), pool.n_fenced()), (0, 0));
+    // The same once more, settled by `free_all_blocks` alone.
+    drop(pool.malloc(1000, b, &cache).unwrap());
+    orders.fences.lock().unwrap().last().unwrap().1.store(true, Ordering::Release);
+    pool.free_all_blocks(None);
+    assert_eq!((pool.total_bytes(), pool.n_fenced()), (0, 0));
+    assert!(mock.live.lock().unwrap().is_empty(), "every block went back without another miss");
+}
+
+/// How [`Liar`] misreports a growth or a shrink.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Lie {
+    /// `grow` answers `Ok(true)` and leaves the block as it was.
+    GrowsNothing,
+    /// `grow` grows the block by half what was asked.
+    GrowsHalf,
+    /// `grow` grows it, at another address.
+    Moves,
+    /// `shrink` unmaps what was asked and reports 0.
+    ShrinksSilently,
+    /// `shrink` reports what was asked and unmaps nothing.
+    ShrinksNothing,
+}
+
+/// A safe raw allocator whose growth and shrink misreport (VM07): blocks from [`Mock`].
+#[derive(Clone)]
+struct Liar {
+    mock: Mock,
+    lie: Lie,
+}
+
+impl RawAllocator for Liar {
+    type Block = MockBlock;
+
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<MockBlock> {
+        self.mock.allocate(device, size)
+    }
+    fn expandable(&self) -> bool {
+        true
+    }
+    fn granule(&self) -> usize {
+        UNIT
+    }
+    fn grow(&self, block: &mut MockBlock, extra: usize) -> Result<bool> {
+        let mut live = self.mock.live.lock().unwrap();
+        live.remove(&block.address);
+        match self.lie {
+            Lie::GrowsNothing => {}
+            Lie::GrowsHalf => block.size += extra / 2,
+            Lie::Moves => {
+                block.size += extra;
+                block.address += UNIT;
+            }
+            Lie::ShrinksSilently | Lie::ShrinksNothing => block.size += extra,
+        }
+        live.insert(block.address, block.size);
+        Ok(true)
+    }
+    fn shrink(&self, block: &mut MockBlock, bytes: usize) -> Result<usize> {
+        if self.lie == Lie::ShrinksNothing {
+            return Ok(bytes);
+        }
+        block.size -= bytes;
+        self.mock.live.lock().unwrap().insert(block.address, block.size);
+        Ok(if self.lie == Lie::ShrinksSilently { 0 } else { bytes })
+    }
+}
+
+fn lying_pool(lie: Lie) -> (Pool<Liar>, Mock, ArenaCache) {
+    let mock = Mock::default();
+    let pool = Pool::new(0, Liar { mock: mock.clone(), lie });
+    pool.set_expandable_segments(true).unwrap();
+    (pool, mock, ArenaCache::new())
+}
+
+/// Every chunk in `lent` lies inside a live block of `mock`.
+fn inside_live_blocks(mock: &Mock, lent: &[&PooledMemory<Liar>]) -> bool {
+    let live = mock.live.lock().unwrap();
+    lent.iter().all(|p| {
+        live.range(..=p.ptr()).next_back().is_some_and(|(&start, &size)| p.ptr() + p.size() <= start + size)
+    })
+}
+
+#[test]
+fn a_growth_the_block_does_not_show_is_an_invalid_raw_block_and_nothing_is_lent_from_it() {
+    // VM07: `grow` answered `Ok(true)`; the pool lent 64 KiB past the block's end.
+    for lie in [Lie::GrowsNothing, Lie::GrowsHalf, Lie::Moves] {
+        let (pool, mock, cache) = lying_pool(lie);
+        let first = pool.malloc(4096, ArenaKey::NULL, &cache).unwrap();
+        let held = pool.total_bytes();
+        let err = pool.malloc(1 << 16, ArenaKey::NULL, &cache).unwrap_err();
+        assert!(matches!(err, Error::InvalidRawBlock { .. }), "{err}");
+        assert_eq!((pool.total_bytes(), pool.used_bytes()), (held, first.size()), "nothing reserved or lent");
+        // The block's own memory is still lent rightly and comes back.
+        let second = pool.malloc(UNIT, ArenaKey::NULL, &cache);
+        if let Ok(second) = &second {
+            assert!(lie == Lie::Moves || inside_live_blocks(&mock, &[&first, second]));
+        }
+        drop((first, second));
+        pool.free_all_blocks(None);
+        assert_eq!(pool.total_bytes(), 0);
+        assert!(mock.live.lock().unwrap().is_empty(), "every block went back");
+    }
+}
+
+#[test]
+fn a_shrink_is_taken_from_the_block_not_from_the_count_it_reports() {
+    for lie in [Lie::ShrinksSilently, Lie::ShrinksNothing] {
+        let (pool, mock, cache) = lying_pool(lie);
+        let first = pool.malloc(UNIT, ArenaKey::NULL, &cache).unwrap();
+        drop(pool.malloc(8 * UNIT, ArenaKey::NULL, &cache).unwrap());
+        let held = pool.total_bytes();
+        pool.free_all_blocks(None);
+        let block = *mock.live.lock().unwrap().values().next().unwrap();
+        let kept = mock.live.lock().unwrap().len();
+        assert_eq!(kept, 1);
+        if lie == Lie::ShrinksSilently {
+            assert!(pool.total_bytes() < held, "the unmapped tail is no longer held");
+        } else {
+            assert_eq!(pool.total_bytes(), held, "a tail still mapped is still held");
+        }
+        // Whatever is lent now lies inside what the block maps.
+        let again = pool.malloc(4 * UNIT, ArenaKey::NULL, &cache).unwrap();
+        let more = pool.malloc(2 * UNIT, ArenaKey::NULL, &cache).unwrap();
+        assert!(inside_live_blocks(&mock, &[&first, &again, &more]), "{block}");
+        drop((first, again, more));
+        pool.free_all_blocks(None);
+        assert!(mock.live.lock().unwrap().is_empty(), "every block went back");
     }
 }

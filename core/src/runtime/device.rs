@@ -70,12 +70,7 @@ impl<B: Runtime> Device<B> {
         let count = device_count::<B>()?;
         match usize::try_from(self.id) {
             Ok(i) if i < count => Ok(self.id),
-            _ => Err(Error::InvalidArgument(format!(
-                "device {} does not exist ({} device(s) on the {} backend)",
-                self.id,
-                count,
-                B::NAME
-            ))),
+            _ => Err(Error::NoSuchDevice { device: self.id, count, backend: B::NAME }),
         }
     }
 
@@ -84,7 +79,7 @@ impl<B: Runtime> Device<B> {
     ///
     /// # Errors
     ///
-    /// `InvalidArgument` for a device that does not exist; the runtime's error.
+    /// `NoSuchDevice` for a device that does not exist; the runtime's error.
     pub fn use_device(&self) -> Result<()> {
         let id = self.checked()?;
         B::set_device(id)?;

@@ -186,11 +186,14 @@ impl<B: Runtime> PinnedMemoryPointer<B> {
     pub fn write(&self, data: &[u8]) -> Result<()> {
         let dst = self.check(data.len(), "pinned write")? as *mut u8;
         if !data.is_empty() {
-            // Transfers still queued on these bytes finish first (they would race with this).
-            crate::runtime::stream::inflight::wait_for::<B>(&[(dst as usize, dst as usize + data.len())])?;
-            // SAFETY: `dst..dst+len` was checked to lie in the live pinned allocation, which
-            // `data` (a Rust borrow) cannot overlap.
-            unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+            // Transfers queued on these bytes finish first, and none is queued while it runs.
+            let range = (dst as usize, dst as usize + data.len());
+            crate::runtime::stream::inflight::access::<B, _>(&[range], || {
+                // SAFETY: `dst..dst+len` was checked to lie in the live pinned allocation, which
+                // `data` (a Rust borrow) cannot overlap.
+                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+                Ok(())
+            })?;
         }
         Ok(())
     }
@@ -204,10 +207,13 @@ impl<B: Runtime> PinnedMemoryPointer<B> {
     pub fn read(&self, out: &mut [u8]) -> Result<()> {
         let src = self.check(out.len(), "pinned read")? as *const u8;
         if !out.is_empty() {
-            // Transfers still queued on these bytes finish first (they would race with this).
-            crate::runtime::stream::inflight::wait_for::<B>(&[(src as usize, src as usize + out.len())])?;
-            // SAFETY: as in `write`, in the other direction.
-            unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+            // Transfers queued on these bytes finish first, and none is queued while it runs.
+            let range = (src as usize, src as usize + out.len());
+            crate::runtime::stream::inflight::access::<B, _>(&[range], || {
+                // SAFETY: as in `write`, in the other direction.
+                unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+                Ok(())
+            })?;
         }
         Ok(())
     }

@@ -251,11 +251,26 @@ impl<B: Runtime> Default for Globals<B> {
     }
 }
 
-/// Whether the per-thread default stream is the default stream (`GPUMEM_PER_THREAD_DEFAULT_STREAM=1`,
-/// CuPy's `CUPY_CUDA_PER_THREAD_DEFAULT_STREAM`), read once per process.
+/// The environment variable that makes the per-thread default stream the default stream: a flag
+/// ([the forms](crate::env)), off by default. CuPy's `CUPY_CUDA_PER_THREAD_DEFAULT_STREAM`.
+pub const PER_THREAD_DEFAULT_STREAM_ENV: &str = "GPUMEM_PER_THREAD_DEFAULT_STREAM";
+
+/// Whether the per-thread default stream is the default stream ([`PER_THREAD_DEFAULT_STREAM_ENV`]),
+/// read once per process.
+///
+/// # Errors
+///
+/// `InvalidEnvironment` for a malformed value, at every call. Each new pool reports it
+/// ([`SingleDeviceMemoryPool::with_allocator`](crate::SingleDeviceMemoryPool::with_allocator)).
+pub(crate) fn per_thread_default_stream_checked() -> crate::Result<bool> {
+    static PTDS: OnceLock<crate::Result<bool>> = OnceLock::new();
+    PTDS.get_or_init(|| Ok(crate::env::flag(PER_THREAD_DEFAULT_STREAM_ENV)?.unwrap_or(false))).clone()
+}
+
+/// [`per_thread_default_stream_checked`] for the paths that cannot fail: a malformed value is
+/// off there (the pools report it).
 pub(crate) fn per_thread_default_stream() -> bool {
-    static PTDS: OnceLock<bool> = OnceLock::new();
-    *PTDS.get_or_init(|| std::env::var("GPUMEM_PER_THREAD_DEFAULT_STREAM").is_ok_and(|v| v.trim() == "1"))
+    per_thread_default_stream_checked().unwrap_or(false)
 }
 
 /// Keeps an error met in a `Drop` (which cannot return it) for the next `synchronize` or

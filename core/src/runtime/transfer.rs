@@ -167,11 +167,12 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
-        inflight::wait_for::<B>(&[span(dst_ptr, size), span(src_ptr, size)])?;
-        // SAFETY: both ranges were checked against live memory objects of `B` that `self` and
-        // `src` keep alive for the duration of this synchronous call; they do not overlap, and no
-        // queued operation touches them any more.
-        unsafe { B::memcpy(self.device_id(), dst_ptr, src_ptr, size) }
+        inflight::access::<B, _>(&[span(dst_ptr, size), span(src_ptr, size)], || {
+            // SAFETY: both ranges were checked against live memory objects of `B` that `self`
+            // and `src` keep alive for the duration of this synchronous call; they do not
+            // overlap, and no other operation through gpumem touches them until it returns.
+            unsafe { B::memcpy(self.device_id(), dst_ptr, src_ptr, size) }
+        })
     }
 
     /// Copies `size` bytes from device memory `src` to this pointer, ordered on `stream` (or the
@@ -243,7 +244,9 @@ impl<B: Runtime> MemoryPointer<B> {
         unsafe { self.copy_from_host_raw(src, size, true) }
     }
 
-    /// The synchronous host-to-device copy; `pageable` lets it be staged.
+    /// The synchronous host-to-device copy; `pageable` lets it be staged. Pinned memory
+    /// (`!pageable`) is gpumem's, which queued transfers may touch: its bytes are ordered with
+    /// them as the device's are.
     ///
     /// # Safety
     ///
@@ -255,17 +258,17 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let plan = if pageable { staging::plan::<B>(size)? } else { None };
-        inflight::wait_for::<B>(&[span(dst, size)])?;
-        match plan {
-            // SAFETY: the device range was checked against `self`'s memory and no queued
-            // operation touches it any more; the host range is only read (the caller's promise).
+        let ranges = [span(dst, size), if pageable { span(0, 0) } else { span(src as usize, size) }];
+        inflight::access::<B, _>(&ranges, || match plan {
+            // SAFETY: the device range was checked against `self`'s memory and no other
+            // operation through gpumem touches it until this returns; the host range is only
+            // read (the caller's promise).
             Some(plan) => unsafe {
                 staging::copy(self, plan, Direction::ToDevice, dst, src.cast_mut(), size)
             },
-            // SAFETY: the device range was checked and no queued operation touches it any more;
-            // the host range is the caller's promise.
+            // SAFETY: as above.
             None => unsafe { B::memcpy(self.device_id(), dst, src as DevicePtr, size) },
-        }
+        })
     }
 
     /// Copies `size` bytes from pinned host memory to this pointer, ordered on `stream` (or the
@@ -355,15 +358,14 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let plan = staging::plan::<B>(size)?;
-        inflight::wait_for::<B>(&[span(src, size)])?;
-        match plan {
-            // SAFETY: the device range was checked against `self`'s memory and no queued
-            // operation touches it any more; the host range is the caller's promise.
+        inflight::access::<B, _>(&[span(src, size)], || match plan {
+            // SAFETY: the device range was checked against `self`'s memory and no other
+            // operation through gpumem touches it until this returns; the host range is the
+            // caller's promise.
             Some(plan) => unsafe { staging::copy(self, plan, Direction::ToHost, src, dst, size) },
-            // SAFETY: the device range was checked and no queued operation touches it any more;
-            // the host range is the caller's promise.
+            // SAFETY: as above.
             None => unsafe { B::memcpy(self.device_id(), dst as DevicePtr, src, size) },
-        }
+        })
     }
 
     /// Copies `size` bytes from this pointer into pinned host memory, ordered on `stream` (or
@@ -476,10 +478,11 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        inflight::wait_for::<B>(&[span(dst, size)])?;
-        // SAFETY: the range was checked against live memory of `B`, and no queued operation
-        // touches it any more.
-        unsafe { B::memset(self.device_id(), dst, value, size) }
+        inflight::access::<B, _>(&[span(dst, size)], || {
+            // SAFETY: the range was checked against live memory of `B`, and no other operation
+            // through gpumem touches it until this returns.
+            unsafe { B::memset(self.device_id(), dst, value, size) }
+        })
     }
 
     /// Sets `size` bytes from this pointer to `value`, ordered on `stream` (or the current

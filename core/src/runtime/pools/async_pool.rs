@@ -40,7 +40,7 @@ use std::sync::{Mutex, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::hal::{AsyncPoolAttribute, CaptureStatus, DeviceId, DevicePtr};
-use crate::pool::{round_size, Limit};
+use crate::pool::Limit;
 use crate::runtime::allocator::Allocator;
 use crate::runtime::device::{current_device, device_count};
 use crate::runtime::memory::BaseMemory;
@@ -310,7 +310,7 @@ impl<B: Runtime> MemoryAsyncPool<B> {
     /// `OutOfMemory` after synchronising the current stream and retrying twice; `Unsupported`;
     /// the runtime's error.
     pub fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
-        let rounded = round_size(size).ok_or(Error::OutOfMemory { size, total: None })?;
+        let rounded = crate::pool::round_allocation(size)?;
         // The runtime cannot hold a pool to a hard limit; refuse to draw past it.
         let total = self.total_bytes()?;
         let free = total.saturating_sub(self.used_bytes()?);

@@ -72,7 +72,40 @@ where
 /// ```
 pub struct SingleDeviceMemoryPool<B: Runtime, A: RawAllocator = DeviceAllocator<B>> {
     pool: Pool<A>,
+    /// A malformed `GPUMEM_GPU_MEMORY_LIMIT`: every allocation reports it until
+    /// [`SingleDeviceMemoryPool::set_limit`] overrides the variable.
+    limit_env_error: LimitEnvError,
     _backend: PhantomData<fn() -> B>,
+}
+
+/// The error of a malformed limit variable, kept by the pool it was meant for.
+#[derive(Default)]
+struct LimitEnvError {
+    /// Whether `error` holds one: the allocation paths check this alone.
+    pending: std::sync::atomic::AtomicBool,
+    error: parking_lot::Mutex<Option<Error>>,
+}
+
+impl LimitEnvError {
+    fn set(&self, error: Error) {
+        *self.error.lock() = Some(error);
+        self.pending.store(true, std::sync::atomic::Ordering::Release);
+    }
+
+    fn clear(&self) {
+        self.pending.store(false, std::sync::atomic::Ordering::Release);
+        *self.error.lock() = None;
+    }
+
+    /// `Err` with the kept error, if any. A pool with one never lends memory, so every
+    /// allocation reaches the paths that call this.
+    #[inline]
+    fn check(&self) -> Result<()> {
+        if !self.pending.load(std::sync::atomic::Ordering::Acquire) {
+            return Ok(());
+        }
+        self.error.lock().clone().map_or(Ok(()), Err)
+    }
 }
 
 impl<B: Runtime, A: RawAllocator> fmt::Debug for SingleDeviceMemoryPool<B, A>
@@ -96,7 +129,9 @@ impl<B: Runtime> SingleDeviceMemoryPool<B> {
     ///
     /// # Errors
     ///
-    /// `InvalidEnvironment` when a variable cannot be parsed; `Unsupported` for expandable
+    /// `InvalidEnvironment` when a variable cannot be parsed (a malformed
+    /// `GPUMEM_GPU_MEMORY_LIMIT` is not reported here but by every allocation until
+    /// [`SingleDeviceMemoryPool::set_limit`] overrides it); `Unsupported` for expandable
     /// segments on a backend without virtual memory (`B::CAPS.virtual_memory`); the runtime's
     /// error when a fraction needs the device's memory size.
     pub fn new(device: DeviceId) -> Result<Self> {
@@ -125,7 +160,12 @@ where
     ///
     /// As [`SingleDeviceMemoryPool::new`].
     pub fn with_allocator(device: DeviceId, allocator: A) -> Result<Self> {
-        let pool = SingleDeviceMemoryPool { pool: Pool::new(device, allocator), _backend: PhantomData };
+        crate::runtime::state::per_thread_default_stream_checked()?;
+        let pool = SingleDeviceMemoryPool {
+            pool: Pool::new(device, allocator),
+            limit_env_error: LimitEnvError::default(),
+            _backend: PhantomData,
+        };
         // Memory that queued work kept alive goes back once that work is done: looked at before
         // the pool grows, and waited for before it gives up.
         pool.pool.set_reclaimer(Box::new(|wait| {
@@ -137,8 +177,12 @@ where
         }));
         // Lending across streams orders the streams with events; off unless asked for.
         pool.pool.set_stream_order(Box::new(EventStreamOrder::<B>::new(device)));
-        if let Some(limit) = Limit::from_env()? {
-            pool.set_limit(limit)?;
+        // A malformed limit does not stop the pool from being made: its `set_limit` may override
+        // it. Until then, every allocation reports it.
+        match Limit::from_env() {
+            Ok(Some(limit)) => pool.set_limit(limit)?,
+            Ok(None) => {}
+            Err(e) => pool.limit_env_error.set(e),
         }
         if pool.pool.allocator().expandable() {
             pool.pool.set_expandable_segments(true)?;
@@ -262,6 +306,7 @@ where
     /// the chunk is all that moves on a hit.
     #[inline(never)]
     fn malloc_pooled_hooked(&self, size: usize) -> Result<PooledMemory<A>> {
+        self.limit_env_error.check()?;
         let result =
             B::thread_state().try_with(|ts| self.pool.malloc_hooked(size, ts.arena_key(), &ts.arenas));
         match result {
@@ -274,6 +319,7 @@ where
     /// Everything but the cache hit (see [`Pool::malloc`]).
     #[inline(never)]
     fn malloc_pooled_slow(&self, size: usize) -> Result<PooledMemory<A>> {
+        self.limit_env_error.check()?;
         if crate::hooks::active() {
             // The hit was not tried (`malloc` tries it only without hooks).
             return self.malloc_pooled_hooked(size);
@@ -331,6 +377,8 @@ where
 
     /// Sets the limit on bytes held from the device (CuPy's `set_limit(size=..)` or
     /// `set_limit(fraction=..)`); `Limit::Bytes(0)` and `Limit::Fraction(0.0)` mean unlimited.
+    /// It overrides `GPUMEM_GPU_MEMORY_LIMIT`, a malformed value too (whose error the pool's
+    /// allocations report until then).
     ///
     /// # Errors
     ///
@@ -344,6 +392,7 @@ where
             Limit::Fraction(_) => limit.bytes(B::mem_get_info(self.device_id())?.total),
         };
         self.pool.set_limit(bytes);
+        self.limit_env_error.clear();
         Ok(())
     }
 
@@ -354,8 +403,10 @@ where
     ///
     /// # Errors
     ///
-    /// None.
+    /// `InvalidEnvironment` while a malformed `GPUMEM_GPU_MEMORY_LIMIT` is not overridden by
+    /// [`SingleDeviceMemoryPool::set_limit`].
     pub fn get_limit(&self) -> Result<usize> {
+        self.limit_env_error.check()?;
         Ok(self.pool.get_limit())
     }
 

@@ -28,7 +28,8 @@
 //! 16-core machine). Each lane copies at about what one thread's `memcpy` reaches; the cost is
 //! up to `2 * lanes` chunks of pinned memory (32 MiB at eight lanes) that the pinned pool keeps
 //! after the first staged copy, and `lanes - 1` threads for the duration of each copy.
-//! [`PageableStaging::with_lanes`] sets another number.
+//! [`PageableStaging::with_lanes`] sets another number, up to [`MAX_STAGING_LANES`]. A helper
+//! thread that cannot be started leaves its lane to the calling thread.
 //!
 //! Which copies are staged: the thread's [`PageableStaging::enter`] scope, else the process's
 //! [`set_pageable_staging`], else [`PAGEABLE_STAGING_ENV`], else the backend's default:
@@ -54,13 +55,13 @@ use crate::runtime::stream::inflight;
 
 /// The environment variable that sets which synchronous copies of pageable memory are staged:
 /// `off` (never), `auto` (the backend's default), or the size in bytes from which copies are
-/// staged, as a number (`65536`) or with a binary unit (`64KiB`, `8MiB`, `1GiB`; `K`, `M`, `G`
-/// too). Read once, at the first copy of pageable memory that asks.
+/// staged, a byte size (`65536`, `64KiB`, `8MiB`, `1GiB`, `4MB`; [the forms](crate::env)).
+/// Read once, at the first copy of pageable memory that asks.
 pub const PAGEABLE_STAGING_ENV: &str = "GPUMEM_PAGEABLE_STAGING";
 
 /// What [`PAGEABLE_STAGING_ENV`] accepts, as its error says.
 const ENV_FORMS: &str =
-    "off, auto, or the size in bytes from which copies are staged (65536, 64KiB, 8MiB, 1GiB)";
+    "off, auto, or the byte size from which copies are staged (65536, 64KiB, 8MiB, 1GiB, 4MB)";
 
 /// The size from which copies are staged by default, where the backend says staging can win.
 pub const DEFAULT_STAGING_THRESHOLD: usize = 4 << 20;
@@ -77,6 +78,12 @@ const MIN_AUTO_CHUNK: usize = 64 << 10;
 /// NVLink-C2C link carries (6-7 GB/s per thread on the H200 machine, BENCHMARKS.md), so eight
 /// lanes are what outrun the driver's own pageable device-to-host copy twice over.
 const MAX_DEFAULT_LANES: usize = 8;
+
+/// The most lanes [`PageableStaging::with_lanes`] accepts: far past where more lanes copy faster
+/// (eight outrun the link), and few enough threads that starting them cannot exhaust the
+/// process's threads (a copy on `usize::MAX` lanes aborted the process, starting one thread per
+/// chunk).
+pub const MAX_STAGING_LANES: usize = 64;
 
 /// Staging buffers per lane: one is filled (or drained) while the other is transferred.
 const DEPTH: usize = 2;
@@ -148,10 +155,15 @@ impl PageableStaging {
     ///
     /// # Errors
     ///
-    /// `InvalidArgument` for 0.
+    /// `InvalidArgument` for 0 or more than [`MAX_STAGING_LANES`].
     pub fn with_lanes(self, lanes: usize) -> Result<Self> {
         if lanes == 0 {
             return Err(Error::InvalidArgument("pageable staging: at least one lane is needed".into()));
+        }
+        if lanes > MAX_STAGING_LANES {
+            return Err(Error::InvalidArgument(format!(
+                "pageable staging: {lanes} lanes asked for, at most {MAX_STAGING_LANES} are allowed"
+            )));
         }
         Ok(PageableStaging { lanes, ..self })
     }
@@ -193,17 +205,7 @@ impl PageableStaging {
         if text.eq_ignore_ascii_case("off") {
             return Ok(Some(Self::off()));
         }
-        let digits = text.find(|c: char| !c.is_ascii_digit()).unwrap_or(text.len());
-        let (number, unit) = text.split_at(digits);
-        let number: usize = number.parse().map_err(|_| bad())?;
-        let shift = match unit.trim().to_ascii_lowercase().as_str() {
-            "" | "b" => 0,
-            "k" | "kib" => 10,
-            "m" | "mib" => 20,
-            "g" | "gib" => 30,
-            _ => return Err(bad()),
-        };
-        let bytes = number.checked_mul(1 << shift).ok_or_else(bad)?;
+        let bytes = crate::env::parse_byte_size(text).ok_or_else(bad)?;
         Ok(Some(Self::from_size(bytes)))
     }
 
@@ -213,14 +215,9 @@ impl PageableStaging {
     ///
     /// As [`PageableStaging::parse`]; a value that is not Unicode is refused the same way.
     pub fn from_env() -> Result<Option<Self>> {
-        match std::env::var(PAGEABLE_STAGING_ENV) {
-            Ok(v) => Self::parse(&v),
-            Err(std::env::VarError::NotPresent) => Ok(None),
-            Err(std::env::VarError::NotUnicode(v)) => Err(Error::InvalidEnvironment {
-                variable: PAGEABLE_STAGING_ENV,
-                value: v.to_string_lossy().into_owned(),
-                expected: ENV_FORMS,
-            }),
+        match crate::env::read(PAGEABLE_STAGING_ENV, ENV_FORMS)? {
+            Some(v) => Self::parse(&v),
+            None => Ok(None),
         }
     }
 

@@ -15,11 +15,13 @@ fn the_variable_takes_off_auto_and_sizes_with_binary_units() {
     assert_eq!(size("8 MiB"), Some(8 << 20));
     assert_eq!(size("1g"), Some(1 << 30));
     assert_eq!(size("12b"), Some(12));
+    assert_eq!(size("8MB"), Some(8_000_000));
+    assert_eq!(size("1.5MiB"), Some(3 << 19));
 }
 
 #[test]
 fn a_malformed_value_names_the_variable_the_value_and_the_forms() {
-    for bad in ["8MB", "-1", "1.5MiB", "on", "MiB", "99999999999999999999", "4 KiB x"] {
+    for bad in ["8XB", "-1", "on", "MiB", "99999999999999999999", "4 KiB x"] {
         match PageableStaging::parse(bad) {
             Err(Error::InvalidEnvironment { variable, value, expected }) => {
                 assert_eq!(variable, PAGEABLE_STAGING_ENV);
@@ -29,8 +31,8 @@ fn a_malformed_value_names_the_variable_the_value_and_the_forms() {
             other => panic!("{bad:?} gave {other:?}"),
         }
     }
-    let e = PageableStaging::parse("8MB").unwrap_err().to_string();
-    assert!(e.contains(PAGEABLE_STAGING_ENV) && e.contains("8MB") && e.contains("64KiB"), "{e}");
+    let e = PageableStaging::parse("8XB").unwrap_err().to_string();
+    assert!(e.contains(PAGEABLE_STAGING_ENV) && e.contains("8XB") && e.contains("64KiB"), "{e}");
 }
 
 #[test]
@@ -93,4 +95,18 @@ fn the_host_backend_stages_nothing_by_default() {
     assert_eq!(PageableStaging::backend_default::<crate::host::Host>().threshold(), None);
     assert!(PageableStaging::from_size(0).with_chunk(0).is_err());
     assert!(PageableStaging::from_size(0).with_lanes(0).is_err());
+}
+
+/// ST03: a lane count past the bound is refused (a copy on `usize::MAX` lanes started a thread
+/// per chunk and aborted the process).
+#[test]
+fn lanes_past_the_bound_are_refused() {
+    let staging = PageableStaging::from_size(0);
+    assert_eq!(staging.with_lanes(MAX_STAGING_LANES).unwrap().lanes(), MAX_STAGING_LANES);
+    for lanes in [MAX_STAGING_LANES + 1, usize::MAX] {
+        match staging.with_lanes(lanes) {
+            Err(Error::InvalidArgument(m)) => assert!(m.contains(&MAX_STAGING_LANES.to_string()), "{m}"),
+            other => panic!("{lanes} lanes gave {other:?}"),
+        }
+    }
 }

@@ -14,7 +14,10 @@
 //! for the queued operations on overlapping bytes first, and an asynchronous one on another
 //! stream is ordered after them (the stream waits for their event), so two accesses to the same
 //! bytes through gpumem never race: gpumem adds this ordering where CuPy leaves it to the
-//! program. Memory reached only through raw addresses (a kernel of the program's own) is kept
+//! program. The ordering holds across threads because it is decided and made visible under one
+//! lock: an asynchronous operation is queued and entered while it holds the entries' lock, and a
+//! synchronous access marks its ranges busy for as long as it runs (see [`access`]), so an
+//! operation another thread queues meanwhile on the same bytes waits for it to end. Memory reached only through raw addresses (a kernel of the program's own) is kept
 //! with [`MemoryPointer::record_stream`](crate::MemoryPointer::record_stream).
 //!
 //! A stream that joined a gpumem capture through an event (a fork) captures into the same graph:
@@ -29,7 +32,7 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use parking_lot::{Mutex, RwLock, RwLockReadGuard};
+use parking_lot::{Condvar, Mutex, MutexGuard, RwLock, RwLockReadGuard};
 
 use crate::error::Result;
 use crate::hal::{CaptureStatus, DeviceId, EventFlags};
@@ -74,11 +77,30 @@ struct Entry<B: Runtime> {
 struct Queues<B: Runtime> {
     by_stream: HashMap<ArenaKey, VecDeque<Entry<B>>>,
     len: usize,
+    /// The ranges of the synchronous accesses running now, by an id of each.
+    busy: Vec<(u64, Vec<Range>)>,
+    next_access: u64,
 }
 
 impl<B: Runtime> Queues<B> {
     fn all(&self) -> impl Iterator<Item = &Entry<B>> {
         self.by_stream.values().flatten()
+    }
+
+    /// The events of the queued operations (of the streams `streams` accepts) on bytes of
+    /// `ranges`.
+    fn overlapping(&self, ranges: &[Range], streams: impl Fn(&ArenaKey) -> bool) -> Vec<Event<B>> {
+        self.by_stream
+            .iter()
+            .filter(|(stream, _)| streams(stream))
+            .flat_map(|(_, queue)| queue)
+            .filter(|e| any_overlap(&e.ranges, ranges))
+            .map(|e| e.event.clone())
+            .collect()
+    }
+
+    fn is_busy(&self, ranges: &[Range]) -> bool {
+        self.busy.iter().any(|(_, busy)| any_overlap(busy, ranges))
     }
 }
 
@@ -167,6 +189,8 @@ impl Captures {
 /// The per-backend state of the ownership model (in the backend's globals).
 pub(crate) struct InFlight<B: Runtime> {
     entries: Mutex<Queues<B>>,
+    /// Signalled when a synchronous access ends (its ranges are no longer busy).
+    access_ended: Condvar,
     n_entries: AtomicUsize,
     spare: Mutex<Vec<Event<B>>>,
     /// The captures gpumem began. Asynchronous operations take the read lock while they queue
@@ -181,7 +205,13 @@ pub(crate) struct InFlight<B: Runtime> {
 impl<B: Runtime> InFlight<B> {
     pub(crate) fn new() -> Self {
         InFlight {
-            entries: Mutex::new(Queues { by_stream: HashMap::new(), len: 0 }),
+            entries: Mutex::new(Queues {
+                by_stream: HashMap::new(),
+                len: 0,
+                busy: Vec::new(),
+                next_access: 0,
+            }),
+            access_ended: Condvar::new(),
             n_entries: AtomicUsize::new(0),
             spare: Mutex::new(Vec::new()),
             captures: RwLock::new(Captures::default()),
@@ -195,11 +225,39 @@ fn overlaps(a: Range, b: Range) -> bool {
     a.0 < b.1 && b.0 < a.1 && a.0 < a.1 && b.0 < b.1
 }
 
+fn any_overlap(a: &[Range], b: &[Range]) -> bool {
+    a.iter().any(|r| b.iter().any(|q| overlaps(*r, *q)))
+}
+
+/// Locks the entries once no synchronous access runs on bytes of `ranges`.
+///
+/// # Errors
+///
+/// `NotAllowedInCallback` when one runs and this is a host function: the access may be waiting
+/// for the very stream that runs it.
+fn lock_when_free<B: Runtime>(
+    ranges: &[Range],
+    operation: &'static str,
+) -> Result<MutexGuard<'static, Queues<B>>> {
+    let inflight = &B::globals().inflight;
+    let mut entries = inflight.entries.lock();
+    while entries.is_busy(ranges) {
+        if crate::runtime::stream::callback::in_callback() {
+            return Err(crate::Error::NotAllowedInCallback { operation });
+        }
+        inflight.access_ended.wait(&mut entries);
+    }
+    Ok(entries)
+}
+
 /// An asynchronous operation being queued: holds the capture registry's read lock from before
 /// the operation is queued until what it touches is kept.
 pub(crate) struct Queueing<'a, B: Runtime> {
     target: Target<B>,
     captures: Option<RwLockReadGuard<'a, Captures>>,
+    /// The entries, locked from the ordering decision until the operation's entry is in them
+    /// (when the operation touches bytes and runs), so no access of another thread comes between.
+    entries: Option<MutexGuard<'a, Queues<B>>>,
     /// The stream is capturing (gpumem's capture or a foreign one).
     capturing: bool,
     /// The record of gpumem's capture the operation goes to (by the identity of the stream that
@@ -227,23 +285,16 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
         Some(map) => unsafe { map.of(&target) },
         None => (None, false),
     };
-    if !capturing && !ranges.is_empty() && inflight.n_entries.load(Ordering::Acquire) > 0 {
-        let waits: Vec<Event<B>> = inflight
-            .entries
-            .lock()
-            .by_stream
-            .iter()
-            .filter(|(stream, _)| **stream != target.identity)
-            .flat_map(|(_, queue)| queue)
-            .filter(|e| e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
-            .map(|e| e.event.clone())
-            .collect();
-        for event in waits {
+    let mut entries = None;
+    if !capturing && !ranges.is_empty() {
+        let locked = lock_when_free::<B>(ranges, "queueing work on bytes a synchronous access is using")?;
+        for event in locked.overlapping(ranges, |stream| *stream != target.identity) {
             // SAFETY: the caller keeps the handle live.
             unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
         }
+        entries = Some(locked);
     }
-    Ok(Queueing { target, captures, capturing, record })
+    Ok(Queueing { target, captures, capturing, entries, record })
 }
 
 impl<B: Runtime> Queueing<'_, B> {
@@ -269,6 +320,7 @@ impl<B: Runtime> Queueing<'_, B> {
             return Ok(());
         }
         drop(self.captures);
+        let entries = self.entries;
         let event = match spare_event::<B>(self.target.device) {
             Ok(e) => e,
             Err(e) => {
@@ -281,7 +333,7 @@ impl<B: Runtime> Queueing<'_, B> {
             inflight.orphans.lock().extend(keeps);
             return Err(e);
         }
-        let mut entries = inflight.entries.lock();
+        let mut entries = entries.unwrap_or_else(|| inflight.entries.lock());
         entries.by_stream.entry(self.target.identity).or_default().push_back(Entry { event, keeps, ranges });
         entries.len += 1;
         inflight.n_entries.store(entries.len, Ordering::Release);
@@ -350,34 +402,48 @@ pub(crate) fn stream_done<B: Runtime>() {
     collect::<B>();
 }
 
-/// Waits for the queued operations (of every stream) that touch bytes of `ranges`: what a
-/// synchronous access does first.
+/// Runs `f`, a synchronous access to the bytes of `ranges`, after the queued operations (of
+/// every stream) that touch them, and with the ranges busy while it runs: an operation another
+/// thread queues on them, or another synchronous access, waits until `f` has returned.
 ///
 /// # Errors
 ///
-/// The runtime's error waiting for an event.
-pub(crate) fn wait_for<B: Runtime>(ranges: &[Range]) -> Result<()> {
-    let inflight = &B::globals().inflight;
-    if inflight.n_entries.load(Ordering::Acquire) == 0 {
-        return Ok(());
-    }
-    let waits: Vec<Event<B>> = inflight
-        .entries
-        .lock()
-        .all()
-        .filter(|e| e.ranges.iter().any(|r| ranges.iter().any(|q| overlaps(*r, *q))))
-        .map(|e| e.event.clone())
-        .collect();
-    if !waits.is_empty() && crate::runtime::stream::callback::in_callback() {
-        return Err(crate::Error::NotAllowedInCallback {
-            operation: "waiting for queued work on the same bytes",
-        });
-    }
+/// The runtime's error waiting for an event; `NotAllowedInCallback` when this is a host function
+/// and the bytes are in use; `f`'s error.
+pub(crate) fn access<B: Runtime, T>(ranges: &[Range], f: impl FnOnce() -> Result<T>) -> Result<T> {
+    let operation = "waiting for queued work on the same bytes";
+    let (busy, waits) = {
+        let mut entries = lock_when_free::<B>(ranges, operation)?;
+        let waits = entries.overlapping(ranges, |_| true);
+        if !waits.is_empty() && crate::runtime::stream::callback::in_callback() {
+            return Err(crate::Error::NotAllowedInCallback { operation });
+        }
+        let id = entries.next_access;
+        entries.next_access += 1;
+        entries.busy.push((id, ranges.to_vec()));
+        (Busy::<B> { id, _backend: std::marker::PhantomData }, waits)
+    };
     for event in waits {
         event.synchronize()?;
     }
     collect::<B>();
-    Ok(())
+    let result = f();
+    drop(busy);
+    result
+}
+
+/// A synchronous access's ranges, busy until dropped.
+struct Busy<B: Runtime> {
+    id: u64,
+    _backend: std::marker::PhantomData<fn() -> B>,
+}
+
+impl<B: Runtime> Drop for Busy<B> {
+    fn drop(&mut self) {
+        let inflight = &B::globals().inflight;
+        inflight.entries.lock().busy.retain(|(id, _)| *id != self.id);
+        inflight.access_ended.notify_all();
+    }
 }
 
 /// Waits for every queued operation gpumem keeps memory for, then releases it: the pool's last

@@ -8,6 +8,9 @@
 //! Free chunks are filed in the arena's free index, except, with expandable segments, the free
 //! tail of each growing block: that one is lent only by the miss path, when nothing in the index
 //! fits (see [`ArenaState::take_with_tail`]).
+//!
+//! What the arena counts is in `counters`; growing and shrinking the growing blocks' tails
+//! (expandable segments) in `growth`.
 
 use crate::hal::types::DevicePtr;
 
@@ -15,6 +18,11 @@ use super::raw::RawBlock;
 
 use super::index::{bin_for, FreeIndex, MIN_SLOTS, NIL};
 use super::policy;
+
+mod counters;
+mod growth;
+
+pub(crate) use counters::Counters;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum State {
@@ -85,183 +93,6 @@ pub(crate) struct ArenaState<K> {
     pub(crate) counters: Counters,
 }
 
-/// An arena's statistics, as PyTorch's allocator counts them (`DeviceStats`), kept under the
-/// arena's lock. Totals only grow; a current value is a total less what went back, so the hot
-/// path adds and compares, and never reads another arena's or the pool's state.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub(crate) struct Counters {
-    /// Chunks lent (cache hits and misses) and freed by their owner (a fenced chunk at its
-    /// fence, not when it comes back).
-    pub(crate) allocs: u64,
-    pub(crate) frees: u64,
-    /// Rounded bytes lent and freed, likewise.
-    pub(crate) bytes_lent: u64,
-    pub(crate) bytes_freed: u64,
-    /// Requested bytes lent and freed.
-    pub(crate) requested_lent: u64,
-    pub(crate) requested_freed: u64,
-    /// Lends served by a new or grown block.
-    pub(crate) misses: u64,
-    /// Raw blocks kept by the arena and released by it, and their bytes (grown and shrunk
-    /// tails included in the bytes).
-    pub(crate) raw_allocs: u64,
-    pub(crate) raw_frees: u64,
-    /// Blocks taken over from another arena of the same stream and handed over to one (a
-    /// stream's lanes): held or no longer held with no raw call.
-    pub(crate) blocks_in: u64,
-    pub(crate) blocks_out: u64,
-    pub(crate) reserved_in: u64,
-    pub(crate) reserved_out: u64,
-    /// Peaks since the arena was made or its peaks were reset.
-    pub(crate) peak_allocated: u64,
-    pub(crate) peak_active: u64,
-    pub(crate) peak_requested: u64,
-    pub(crate) peak_allocations: u64,
-    pub(crate) peak_active_allocations: u64,
-    pub(crate) peak_reserved: u64,
-    pub(crate) peak_segments: u64,
-    /// How far, at least, the current values are below their peaks: rounded bytes (allocated
-    /// and active), requested bytes, and chunks (allocations and active allocations). A lend
-    /// counts them down and a free up, and only a lend that takes one below zero compares the
-    /// current values with the peaks: the peaks stay exact, and a cache hit below its peak pays
-    /// three subtractions and one branch instead of five comparisons.
-    room_bytes: i64,
-    room_requested: i64,
-    room_chunks: i64,
-}
-
-impl Counters {
-    /// A lend of `size` rounded bytes for a request of `requested`, with `used` bytes and `lent`
-    /// chunks active after it.
-    #[inline(always)]
-    fn on_lend(&mut self, size: usize, requested: usize, used: usize, lent: usize) {
-        self.allocs += 1;
-        self.bytes_lent += size as u64;
-        self.requested_lent += requested as u64;
-        self.room_bytes -= size as i64;
-        self.room_requested -= requested as i64;
-        self.room_chunks -= 1;
-        if (self.room_bytes | self.room_requested | self.room_chunks) < 0 {
-            self.raise_peaks(used, lent);
-        }
-    }
-
-    /// Raises the peaks to the current values where these passed them, and measures the rooms
-    /// again.
-    #[cold]
-    fn raise_peaks(&mut self, used: usize, lent: usize) {
-        let allocated = self.bytes_lent - self.bytes_freed;
-        let requested = self.requested_lent - self.requested_freed;
-        let allocations = self.allocs - self.frees;
-        let (used, lent) = (used as u64, lent as u64);
-        self.peak_allocated = self.peak_allocated.max(allocated);
-        self.peak_requested = self.peak_requested.max(requested);
-        self.peak_allocations = self.peak_allocations.max(allocations);
-        self.peak_active = self.peak_active.max(used);
-        self.peak_active_allocations = self.peak_active_allocations.max(lent);
-        self.measure_rooms(used, lent);
-    }
-
-    fn measure_rooms(&mut self, used: u64, lent: u64) {
-        let room = |peak: u64, current: u64| i64::try_from(peak - current).unwrap_or(i64::MAX);
-        self.room_bytes =
-            room(self.peak_allocated, self.bytes_lent - self.bytes_freed).min(room(self.peak_active, used));
-        self.room_requested = room(self.peak_requested, self.requested_lent - self.requested_freed);
-        self.room_chunks = room(self.peak_allocations, self.allocs - self.frees)
-            .min(room(self.peak_active_allocations, lent));
-    }
-
-    /// The owner's free of a chunk of `size` rounded bytes whose request was `requested`, while
-    /// the chunk stays active (a fenced chunk at its fence).
-    #[inline(always)]
-    fn on_free(&mut self, size: usize, requested: usize) {
-        self.frees += 1;
-        self.bytes_freed += size as u64;
-        self.requested_freed += requested as u64;
-        // Only the requested bytes' room grows: the chunk is still active.
-        self.room_requested += requested as i64;
-    }
-
-    /// The owner's free of a chunk that goes back at once: allocated and active both fall.
-    #[inline(always)]
-    fn on_give_back(&mut self, size: usize, requested: usize) {
-        self.on_free(size, requested);
-        self.room_bytes += size as i64;
-        self.room_chunks += 1;
-    }
-
-    fn on_reserve(&mut self, bytes: usize, new_block: bool) {
-        self.reserved_in += bytes as u64;
-        self.raw_allocs += u64::from(new_block);
-        self.raise_reserve_peaks();
-    }
-
-    fn on_unreserve(&mut self, bytes: usize, whole_block: bool) {
-        self.reserved_out += bytes as u64;
-        self.raw_frees += u64::from(whole_block);
-    }
-
-    /// A block of `bytes` taken over from another arena of the stream.
-    fn on_adopt(&mut self, bytes: usize) {
-        self.reserved_in += bytes as u64;
-        self.blocks_in += 1;
-        self.raise_reserve_peaks();
-    }
-
-    /// A block of `bytes` handed over to another arena of the stream.
-    fn on_hand_over(&mut self, bytes: usize) {
-        self.reserved_out += bytes as u64;
-        self.blocks_out += 1;
-    }
-
-    fn raise_reserve_peaks(&mut self) {
-        self.peak_reserved = self.peak_reserved.max(self.reserved_in - self.reserved_out);
-        self.peak_segments = self.peak_segments.max(self.segments_held());
-    }
-
-    /// The raw blocks held now.
-    pub(crate) fn segments_held(&self) -> u64 {
-        self.raw_allocs + self.blocks_in - self.raw_frees - self.blocks_out
-    }
-
-    /// Adds `other`'s totals to these, and its peaks (so that a sum of peaks stays a bound of
-    /// the pool's).
-    pub(crate) fn absorb(&mut self, other: &Counters) {
-        self.allocs += other.allocs;
-        self.frees += other.frees;
-        self.bytes_lent += other.bytes_lent;
-        self.bytes_freed += other.bytes_freed;
-        self.requested_lent += other.requested_lent;
-        self.requested_freed += other.requested_freed;
-        self.misses += other.misses;
-        self.raw_allocs += other.raw_allocs;
-        self.raw_frees += other.raw_frees;
-        self.blocks_in += other.blocks_in;
-        self.blocks_out += other.blocks_out;
-        self.reserved_in += other.reserved_in;
-        self.reserved_out += other.reserved_out;
-        self.peak_allocated += other.peak_allocated;
-        self.peak_active += other.peak_active;
-        self.peak_requested += other.peak_requested;
-        self.peak_allocations += other.peak_allocations;
-        self.peak_active_allocations += other.peak_active_allocations;
-        self.peak_reserved += other.peak_reserved;
-        self.peak_segments += other.peak_segments;
-    }
-
-    /// Sets every peak to its current value.
-    pub(crate) fn reset_peaks(&mut self, used: usize, lent: usize) {
-        self.peak_allocated = self.bytes_lent - self.bytes_freed;
-        self.peak_requested = self.requested_lent - self.requested_freed;
-        self.peak_allocations = self.allocs - self.frees;
-        self.peak_active = used as u64;
-        self.peak_active_allocations = lent as u64;
-        self.peak_reserved = self.reserved_in - self.reserved_out;
-        self.peak_segments = self.segments_held();
-        self.measure_rooms(used as u64, lent as u64);
-    }
-}
-
 /// One chunk as a snapshot shows it.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ChunkView {
@@ -276,15 +107,6 @@ pub(crate) struct ChunkView {
 pub(crate) struct Lent {
     pub(crate) slot: u32,
     pub(crate) ptr: DevicePtr,
-}
-
-/// The end of a growable block, as a miss that would grow it sees it.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct GrowableTail {
-    /// The free bytes at the block's end (0 when its last chunk is lent).
-    pub(crate) free: usize,
-    /// The bytes the block maps now.
-    pub(crate) mapped: usize,
 }
 
 /// A lent chunk's rounding slack: `size - requested`, under the allocation unit.
@@ -732,111 +554,6 @@ impl<K: RawBlock> ArenaState<K> {
                 out.push(mem);
                 bytes += size;
             }
-        }
-        bytes
-    }
-
-    /// The last chunk of block `block`.
-    fn last_chunk(&self, block: u32) -> Option<u32> {
-        (0..self.chunks.len() as u32).find(|&s| {
-            let c = &self.chunks[s as usize];
-            c.state != State::Vacant && c.block == block && c.next == NIL
-        })
-    }
-
-    /// The free bytes at the end of the growable block of a request of `size` bytes (the newest
-    /// block of its free index), and what that block maps; `None` when there is no such block.
-    pub(crate) fn growable_tail(&self, size: usize) -> Option<GrowableTail> {
-        let class = policy::class(size, self.segmented);
-        let block = self.growable[class]?;
-        let last = self.last_chunk(block)?;
-        let c = &self.chunks[last as usize];
-        if usize::from(c.class) != class {
-            return None;
-        }
-        let mapped = self.blocks[block as usize].as_ref()?.size();
-        Some(GrowableTail { free: if c.state == State::Free { c.size } else { 0 }, mapped })
-    }
-
-    /// Grows the growable block of a request of `size` bytes by `extra` bytes through `grow`
-    /// (the raw allocator's), and adds them to its free tail. Returns whether it grew.
-    pub(crate) fn grow_tail(
-        &mut self,
-        size: usize,
-        extra: usize,
-        grow: impl FnOnce(&mut K) -> crate::error::Result<bool>,
-    ) -> crate::error::Result<bool> {
-        let Some(block) = self.growable[policy::class(size, self.segmented)] else { return Ok(false) };
-        let Some(last) = self.last_chunk(block) else { return Ok(false) };
-        let Some(mem) = self.blocks[block as usize].as_mut() else { return Ok(false) };
-        if !grow(mem)? {
-            return Ok(false);
-        }
-        self.counters.on_reserve(extra, false);
-        self.counters.misses += 1;
-        let c = self.chunks[last as usize];
-        if c.state == State::Free {
-            self.unmark_free(last);
-            self.resize(last, c.size + extra);
-            self.mark_free(last);
-        } else {
-            let tail = self.new_slot(Chunk {
-                ptr: c.ptr + c.size,
-                size: extra,
-                block,
-                prev: last,
-                next: NIL,
-                state: State::Free,
-                bin: bin_for(extra),
-                class: c.class,
-                slack: 0,
-            });
-            self.chunks[last as usize].next = tail;
-            self.mark_free(tail);
-        }
-        Ok(true)
-    }
-
-    /// Gives back the whole granules of every block's free tail through `shrink` (the raw
-    /// allocator's, which returns the bytes it gave back: whole granules, at most those asked
-    /// for); a block that is all free is left to `release_free_blocks`. Returns the bytes given
-    /// back.
-    pub(crate) fn shrink_tails(
-        &mut self,
-        granule: usize,
-        mut shrink: impl FnMut(&mut K, usize) -> usize,
-    ) -> usize {
-        let mut bytes = 0;
-        for slot in 0..self.chunks.len() as u32 {
-            let c = self.chunks[slot as usize];
-            if c.state != State::Free || c.next != NIL || c.prev == NIL {
-                continue;
-            }
-            let Some(mem) = self.blocks[c.block as usize].as_mut() else { continue };
-            let base = mem.address();
-            let end = c.ptr + c.size;
-            let keep = (c.ptr - base).next_multiple_of(granule);
-            let asked = (end - base).saturating_sub(keep);
-            if asked == 0 {
-                continue;
-            }
-            // An allocator may give back less than asked, never more; whole granules.
-            let cut = shrink(mem, asked).min(asked);
-            if cut == 0 {
-                continue;
-            }
-            debug_assert!(cut.is_multiple_of(granule));
-            self.counters.on_unreserve(cut, false);
-            self.unmark_free(slot);
-            if cut == c.size {
-                let prev = c.prev;
-                self.chunks[prev as usize].next = NIL;
-                self.vacate(slot);
-            } else {
-                self.resize(slot, c.size - cut);
-                self.mark_free(slot);
-            }
-            bytes += cut;
         }
         bytes
     }

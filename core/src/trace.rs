@@ -1,6 +1,9 @@
 //! Allocation traces for the fragmentation replay: a seeded random trace, and traces recorded
 //! elsewhere (PyTorch's memory history of real training steps) read from a text file.
 //!
+//! Benchmark tooling over the pool's public interface, so it sits beside the pool layer rather
+//! than in it; `pool::trace` names it too, for the code written against that path.
+//!
 //! Text format, one step per line: `a <id> <size> <stream>` allocates `size` bytes on stream number
 //! `stream` (0 is the null stream); `f <id>` frees allocation `id`.
 //!
@@ -13,11 +16,11 @@ use std::fmt::Write as _;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
-use super::counting::Counting;
-pub use super::counting::Counts;
-use super::{ArenaCache, ArenaKey, GrowthPolicy, Pool, RawAllocator, RawBlock};
 use crate::error::Result;
 use crate::hal::types::{DeviceId, DevicePtr};
+use crate::pool::counting::Counting;
+pub use crate::pool::counting::Counts;
+use crate::pool::{ArenaCache, ArenaKey, GrowthPolicy, Pool, RawAllocator, RawBlock};
 
 /// One step of a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -446,7 +449,7 @@ pub struct ReplayOptions {
     /// Expandable segments (blocks grow in 2 MiB granules, each growth a counted raw allocation).
     pub expandable: bool,
     /// Free memory lent across the trace's streams ([`Pool::set_share_across_streams`], with
-    /// [`NoQueuedWork`](super::NoQueuedWork): the replay runs no device work).
+    /// [`NoQueuedWork`](crate::pool::NoQueuedWork): the replay runs no device work).
     pub share_across_streams: bool,
     /// Step indices, ascending, where counts of raw calls begin ([`ReplayStats::raw_calls_in_steps`]):
     /// a training trace's [`step_marks`].
@@ -512,7 +515,7 @@ fn replay_on(
         pool.set_expandable_segments(true)?;
     }
     if options.share_across_streams {
-        pool.set_stream_order(Box::new(super::NoQueuedWork));
+        pool.set_stream_order(Box::new(crate::pool::NoQueuedWork));
         pool.set_share_across_streams(true)?;
     }
     let cache = ArenaCache::new();

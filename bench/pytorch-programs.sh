@@ -1,0 +1,31 @@
+#!/bin/bash
+# The memory table of BENCHMARKS.md on the GPU machine: each program of bench/pytorch_programs.py
+# under PyTorch's allocator (default, then expandable_segments:True) and gpumem's through its C ABI
+# (the ABI's default, then hold_peak_in_use), each in its own process, in one run.
+#
+# Needs the library built with CUDA on a machine with Rust:
+#   cargo build --release -p gpumem-capi --features cuda
+# and GPUMEM_CAPI_LIB pointing at it (default target/release/libgpumem_capi.so).
+# PROGRAMS="gen cnn" limits the programs. Results go to $OUT (default /tmp/gpumem-programs):
+# results.jsonl (one line per run), log.txt and table.md.
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 1
+OUT=${OUT:-/tmp/gpumem-programs}
+mkdir -p "$OUT"
+LIB=$(realpath "${GPUMEM_CAPI_LIB:-target/release/libgpumem_capi.so}") || exit 1
+P=bench/pytorch_programs.py
+export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+{
+    date -u
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+    sha256sum "$LIB"
+    for program in ${PROGRAMS:-gen cnn vit bert}; do
+        timeout 150 python3 $P "$program" --allocator torch --label "PyTorch default" --out "$OUT/results.jsonl"
+        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+            timeout 150 python3 $P "$program" --allocator torch --label "PyTorch expandable" --out "$OUT/results.jsonl"
+        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --label "gpumem C ABI default" --out "$OUT/results.jsonl"
+        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --growth-policy hold_peak_in_use \
+            --label "gpumem hold_peak_in_use" --out "$OUT/results.jsonl"
+    done
+    python3 $P --table "$OUT/results.jsonl" | tee "$OUT/table.md"
+} 2>&1 | grep -v "Warning\|warn(" | tee "$OUT/log.txt"

@@ -1,0 +1,90 @@
+//! What stream safety costs an eager operation: `memset_async` and `copy_from_device_async`
+//! through the typed API, on the memory's own stream and on another one, each beside the raw
+//! driver call and the raw call followed by one event record (what an order between two streams
+//! needs at least), in one run.
+
+use gpumem::core::{EventFlags, EventOps, MemoryOps};
+use gpumem::{DefaultBackend as B, MemoryPointer, Stream};
+
+use crate::report::Report;
+use crate::timing::{dev, device_ms_pair};
+
+const OPS: usize = 1000;
+const SIZE: usize = 64 << 10;
+
+#[cfg_attr(all(feature = "hip", not(feature = "cuda")), allow(unreachable_code, unused_variables))]
+pub(crate) fn stream_safety(report: &mut Report) {
+    eprintln!("stream safety: {OPS} eager operations of {SIZE} B (us per operation)");
+    let s = Stream::non_blocking().unwrap();
+    // Lent by the pool of `s` (its own stream) and by the default stream's (another stream).
+    let own = {
+        s.use_stream().unwrap();
+        let pair = (gpumem::alloc(OPS * SIZE).unwrap(), gpumem::alloc(OPS * SIZE).unwrap());
+        Stream::null().use_stream().unwrap();
+        pair
+    };
+    let other = (gpumem::alloc(OPS * SIZE).unwrap(), gpumem::alloc(OPS * SIZE).unwrap());
+    let (d, h) = (dev(), s.handle());
+    let event = B::event_create(d, EventFlags { disable_timing: true, ..EventFlags::default() }).unwrap();
+    for (whose, (dst, src)) in [("its own stream", &own), ("another stream", &other)] {
+        let at = |p: &MemoryPointer, i: usize| p + (i * SIZE) as isize;
+        let memset = || {
+            for i in 0..OPS {
+                at(dst, i).memset_async(i as u8, SIZE, Some(&s)).unwrap();
+            }
+        };
+        let raw_memset = |record: bool| {
+            for i in 0..OPS {
+                // SAFETY: the range lies in `dst`, alive until the work is done (`device_ms_pair`
+                // synchronises the stream); `h` is the live stream `s`.
+                unsafe {
+                    B::memset_async(d, dst.ptr() + i * SIZE, i as u8, SIZE, h).unwrap();
+                    if record {
+                        B::event_record(d, &event, h).unwrap();
+                    }
+                }
+            }
+        };
+        let copy = || {
+            for i in 0..OPS {
+                at(dst, i).copy_from_device_async(&at(src, i), SIZE, Some(&s)).unwrap();
+            }
+        };
+        let raw_copy = |record: bool| {
+            for i in 0..OPS {
+                // SAFETY: as above, for both ranges.
+                unsafe {
+                    B::memcpy_async(d, dst.ptr() + i * SIZE, src.ptr() + i * SIZE, SIZE, h).unwrap();
+                    if record {
+                        B::event_record(d, &event, h).unwrap();
+                    }
+                }
+            }
+        };
+        let per_op = |ms: f64| ms * 1e3 / OPS as f64;
+        for record in [false, true] {
+            let plus = if record { " + cuEventRecord" } else { "" };
+            let (ours, raw) = device_ms_pair(&s, memset, || raw_memset(record));
+            report.add(
+                "stream safety",
+                format!("eager memset_async of {SIZE} B, memory of {whose}, per operation"),
+                per_op(ours),
+                format!("cuMemsetD8Async{plus}"),
+                Some(per_op(raw)),
+                "us",
+                true,
+            );
+            let (ours, raw) = device_ms_pair(&s, copy, || raw_copy(record));
+            report.add(
+                "stream safety",
+                format!("eager copy_from_device_async of {SIZE} B, memory of {whose}, per operation"),
+                per_op(ours),
+                format!("cuMemcpyAsync{plus}"),
+                Some(per_op(raw)),
+                "us",
+                true,
+            );
+        }
+    }
+    B::event_destroy(d, event).unwrap();
+}

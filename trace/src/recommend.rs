@@ -1,0 +1,255 @@
+//! `gpumem-trace recommend`: which pool set-up holds the least for a recorded trace, and at what
+//! cost.
+//!
+//! A policy is chosen by what a user measures, not by what suits an average workload: CuPy's rule
+//! is cheapest on a loop of fixed shapes and holds many times what is in use where sizes vary;
+//! `HoldPeakInUse` holds the least and calls the driver on every miss. So the trace is replayed
+//! through every growth policy, with fixed blocks and with expandable segments (and, for a trace
+//! of several streams, with sharing across streams too), and each set-up's cost is reported: the
+//! peak held over the peak in use, the raw calls (each a driver call on a device, tens to
+//! hundreds of microseconds: ANCHORS.md), and the time the replay took on this machine.
+//!
+//! The recommendation is the set-up that holds the least among those whose raw calls stay within
+//! twice the fewest any set-up made (plus 16, so that a trace of a few calls does not rule out
+//! everything but one): holding less is what a policy is for, and raw calls are what it must not
+//! buy that with.
+
+use std::collections::HashSet;
+use std::time::{Duration, Instant};
+
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::replay::{self, ReplayOptions, ReplayResult, Step};
+
+/// One set-up replayed: its options and what it cost.
+#[derive(Clone, Debug, Serialize)]
+pub struct Candidate {
+    /// The growth policy's command-line name.
+    pub policy: &'static str,
+    /// Blocks grow in place (expandable segments).
+    pub expandable: bool,
+    /// Free memory is lent across the trace's streams.
+    pub share_across_streams: bool,
+    /// What the replay measured.
+    pub result: ReplayResult,
+    /// Raw allocations and frees together.
+    pub raw_calls: u64,
+    /// How long the replay took on this machine.
+    #[serde(serialize_with = "seconds")]
+    pub replay_time: Duration,
+}
+
+#[allow(clippy::trivially_copy_pass_by_ref)] // serde's signature
+fn seconds<S: serde::Serializer>(d: &Duration, s: S) -> std::result::Result<S::Ok, S::Error> {
+    s.serialize_f64(d.as_secs_f64())
+}
+
+impl Candidate {
+    /// How the set-up is asked for: the policy and the variables to set.
+    #[must_use]
+    pub fn setup(&self) -> String {
+        let mut s = self.policy.to_owned();
+        if self.expandable {
+            s.push_str(" + expandable");
+        }
+        if self.share_across_streams {
+            s.push_str(" + shared");
+        }
+        s
+    }
+}
+
+/// Every set-up replayed, and the one recommended.
+#[derive(Clone, Debug, Serialize)]
+pub struct Recommendation {
+    /// Every set-up, in the order replayed.
+    pub candidates: Vec<Candidate>,
+    /// The index in `candidates` of the recommended one (`None` for an empty trace).
+    pub best: Option<usize>,
+}
+
+/// Replays `steps` through every set-up and picks the one to recommend (see the module's docs).
+///
+/// # Errors
+///
+/// The first replay that fails (see [`replay::replay`]).
+pub fn recommend(steps: &[Step]) -> Result<Recommendation> {
+    let streams: HashSet<_> = steps
+        .iter()
+        .filter_map(|s| if let Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
+        .collect();
+    let sharing: &[bool] = if streams.len() > 1 { &[false, true] } else { &[false] };
+    let mut candidates = Vec::new();
+    for policy in replay::POLICIES {
+        for expandable in [false, true] {
+            for &share_across_streams in sharing {
+                let start = Instant::now();
+                let result =
+                    replay::replay(steps, policy, ReplayOptions { expandable, share_across_streams })?;
+                candidates.push(Candidate {
+                    policy: replay::policy_name(policy),
+                    expandable,
+                    share_across_streams,
+                    raw_calls: result.raw_allocs.saturating_add(result.raw_frees),
+                    replay_time: start.elapsed(),
+                    result,
+                });
+            }
+        }
+    }
+    let best = pick(&candidates);
+    Ok(Recommendation { candidates, best })
+}
+
+/// The least held among the candidates whose raw calls stay within the bound; ties go to fewer
+/// raw calls.
+fn pick(candidates: &[Candidate]) -> Option<usize> {
+    if candidates.iter().all(|c| c.result.peak_in_use == 0) {
+        return None;
+    }
+    let fewest = candidates.iter().map(|c| c.raw_calls).min()?;
+    let bound = fewest.saturating_mul(2).saturating_add(16);
+    (0..candidates.len())
+        .filter(|&i| candidates[i].raw_calls <= bound)
+        .min_by_key(|&i| (candidates[i].result.peak_held, candidates[i].raw_calls))
+}
+
+impl Recommendation {
+    /// The table and the recommendation, as the command prints them.
+    #[must_use]
+    pub fn render(&self) -> String {
+        use std::fmt::Write;
+        let mut s = String::new();
+        let _ = writeln!(
+            s,
+            "{:<2}{:<48} {:>16} {:>8} {:>10} {:>12}",
+            "", "set-up", "peak held", "ratio", "raw calls", "replay time"
+        );
+        for (i, c) in self.candidates.iter().enumerate() {
+            let mark = if Some(i) == self.best { "*" } else { "" };
+            let _ = writeln!(
+                s,
+                "{:<2}{:<48} {:>16} {:>8.3} {:>10} {:>10.3} s",
+                mark,
+                c.setup(),
+                c.result.peak_held,
+                c.result.ratio,
+                c.raw_calls,
+                c.replay_time.as_secs_f64()
+            );
+        }
+        match self.best.map(|i| &self.candidates[i]) {
+            Some(c) => {
+                let _ = writeln!(
+                    s,
+                    "\nrecommended: {} ({:.3} held over in use: {} bytes held for {} in use; {} raw calls)",
+                    c.setup(),
+                    c.result.ratio,
+                    c.result.peak_held,
+                    c.result.peak_in_use,
+                    c.raw_calls
+                );
+                let _ = writeln!(s, "set it with: {}", how_to_set(c));
+            }
+            None => s.push_str("\nnothing to recommend: the trace allocates nothing\n"),
+        }
+        s
+    }
+}
+
+/// The settings that give `c`: the C ABI's and Python's call, and the environment.
+fn how_to_set(c: &Candidate) -> String {
+    let abi_name = c.policy.replace('-', "_");
+    let mut s = format!("gpumem_set_growth_policy(device, \"{abi_name}\")");
+    s.push_str(if c.expandable {
+        ", GPUMEM_EXPANDABLE_SEGMENTS=1 (the C ABI's default)"
+    } else {
+        ", GPUMEM_EXPANDABLE_SEGMENTS=0"
+    });
+    if c.share_across_streams {
+        s.push_str(", GPUMEM_SHARE_ACROSS_STREAMS=1");
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_recommendation_holds_no_more_than_any_candidate_within_the_raw_call_bound() {
+        // Sizes that vary from one iteration to the next: CuPy's rule keeps a block for each.
+        let mut steps = Vec::new();
+        for i in 0..20usize {
+            let ids = i * 5..i * 5 + 5;
+            steps.extend(ids.clone().map(|id| Step::Alloc {
+                id,
+                size: (id % 5 * 3 + 3 + i) << 20,
+                stream: 0,
+            }));
+            steps.extend(ids.map(|id| Step::Free { id }));
+        }
+        let r = recommend(&steps).unwrap();
+        assert_eq!(r.candidates.len(), 8, "4 policies, fixed and expandable, one stream");
+        let best = &r.candidates[r.best.unwrap()];
+        let fewest = r.candidates.iter().map(|c| c.raw_calls).min().unwrap();
+        for c in &r.candidates {
+            if c.raw_calls <= fewest * 2 + 16 {
+                assert!(best.result.peak_held <= c.result.peak_held, "{} beats {}", c.setup(), best.setup());
+            }
+        }
+        let cupy = &r.candidates[0];
+        assert!(best.result.peak_held < cupy.result.peak_held, "CuPy's rule holds more on varying sizes");
+        let text = r.render();
+        assert!(text.contains(&format!("recommended: {}", best.setup())), "{text}");
+    }
+
+    /// The pool's recorded training traces (three steps each) and its random trace.
+    fn recorded() -> Vec<(&'static str, Vec<Step>)> {
+        use gpumem::core::pool::trace as pool_trace;
+        let convert = |steps: Vec<pool_trace::Step>| -> Vec<Step> {
+            steps
+                .into_iter()
+                .map(|s| match s {
+                    pool_trace::Step::Alloc { id, size, stream } => {
+                        Step::Alloc { id: id as usize, size, stream }
+                    }
+                    pool_trace::Step::Free { id } => Step::Free { id: id as usize },
+                })
+                .collect()
+        };
+        let parse = |text: &str| convert(pool_trace::parse(text).unwrap());
+        vec![
+            ("GPT-2 training", parse(include_str!("../../core/tests/fixtures/gpt2-training.trace"))),
+            ("BERT fine-tuning", parse(include_str!("../../core/tests/fixtures/bert-finetuning.trace"))),
+            ("random, 4 streams", convert(pool_trace::standard_random())),
+        ]
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+    fn on_the_recorded_traces_the_recommendation_holds_less_than_cupys_rule() {
+        for (name, steps) in recorded() {
+            let r = recommend(&steps).unwrap();
+            let best = &r.candidates[r.best.unwrap()];
+            let cupy = r.candidates.iter().find(|c| c.setup() == "cache-until-out-of-memory").unwrap();
+            println!("{name}:\n{}", r.render());
+            assert!(best.result.peak_held <= cupy.result.peak_held, "{name}");
+        }
+    }
+
+    #[test]
+    fn several_streams_add_the_shared_set_ups_and_an_empty_trace_recommends_nothing() {
+        let steps = vec![
+            Step::Alloc { id: 0, size: 4096, stream: 0 },
+            Step::Alloc { id: 1, size: 4096, stream: 1 },
+            Step::Free { id: 0 },
+            Step::Free { id: 1 },
+        ];
+        assert_eq!(recommend(&steps).unwrap().candidates.len(), 16);
+        let empty = recommend(&[]).unwrap();
+        assert_eq!(empty.best, None);
+        assert!(empty.render().contains("nothing to recommend"));
+    }
+}
