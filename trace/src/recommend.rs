@@ -160,8 +160,7 @@ impl Recommendation {
 
 /// The settings that give `c`: the C ABI's and Python's call, and the environment.
 fn how_to_set(c: &Candidate) -> String {
-    let abi_name = c.policy.replace('-', "_");
-    let mut s = format!("gpumem_set_growth_policy(device, \"{abi_name}\")");
+    let mut s = format!("gpumem_set_growth_policy(device, \"{}\")", c.policy);
     s.push_str(if c.expandable {
         ", GPUMEM_EXPANDABLE_SEGMENTS=1 (the C ABI's default)"
     } else {
@@ -233,7 +232,7 @@ mod tests {
         for (name, steps) in recorded() {
             let r = recommend(&steps).unwrap();
             let best = &r.candidates[r.best.unwrap()];
-            let cupy = r.candidates.iter().find(|c| c.setup() == "cache-until-out-of-memory").unwrap();
+            let cupy = r.candidates.iter().find(|c| c.setup() == "cache_until_out_of_memory").unwrap();
             println!("{name}:\n{}", r.render());
             assert!(best.result.peak_held <= cupy.result.peak_held, "{name}");
         }
