@@ -262,8 +262,8 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 if timeline.lost_frees > 0 {
                     writeln!(
                         out,
-                        "{} frees lost from the trace (an address lent again without a free line), replayed just before",
-                        timeline.lost_frees
+                        "{} lost from the trace (an address lent again without a free line), replayed just before",
+                        plural(timeline.lost_frees, "free")
                     )?;
                 }
                 writeln!(out)?;
@@ -339,4 +339,13 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
     }
     out.flush()?;
     Ok(())
+}
+
+/// `1 free`, `2 frees`.
+fn plural(n: u64, noun: &str) -> String {
+    if n == 1 {
+        format!("1 {noun}")
+    } else {
+        format!("{n} {noun}s")
+    }
 }

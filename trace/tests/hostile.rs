@@ -86,7 +86,7 @@ fn tr12_a_lost_free_is_replayed_and_counted() {
     cli::run(args, &mut out).unwrap();
     let _ = std::fs::remove_file(&path);
     let out = String::from_utf8(out).unwrap();
-    assert!(out.contains("1 frees lost from the trace"), "{out}");
+    assert!(out.contains("1 free lost from the trace"), "{out}");
     assert!(out.contains("4.0 KiB"), "{out}");
     assert!(!out.contains("8.0 KiB"), "{out}");
 }
