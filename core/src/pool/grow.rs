@@ -151,7 +151,7 @@ impl<R: RawAllocator> Pool<R> {
     /// such rule): a request that fits a hole fills the hole, and the tail stays in one piece for
     /// a request that needs it grown. Off by default; the runtime's pools turn it on when their
     /// raw allocator grows blocks, which the runtime's device allocator does with
-    /// [`EXPANDABLE_SEGMENTS_ENV`] set.
+    /// [`EXPANDABLE_SEGMENTS_ENV`](super::EXPANDABLE_SEGMENTS_ENV) set.
     ///
     /// # Errors
     ///

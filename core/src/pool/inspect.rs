@@ -51,8 +51,8 @@ impl<R: RawAllocator> Pool<R> {
         self.shared.fenced.lock().len()
     }
 
-    /// The pool's statistics and each arena's (see [`stats`]). Takes each arena's lock in turn,
-    /// so under concurrent allocation the arenas are read at slightly different moments.
+    /// The pool's statistics and each arena's (see [`PoolStats`]). Takes each arena's lock in
+    /// turn, so under concurrent allocation the arenas are read at slightly different moments.
     #[must_use]
     pub fn stats(&self) -> PoolStats {
         // As `used_bytes`: completed fences are settled first.
