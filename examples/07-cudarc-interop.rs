@@ -13,7 +13,13 @@ use std::error::Error;
 use gpumem::cuda::cudarc::driver::{LaunchConfig, PushKernelArg};
 use gpumem::cuda::cudarc::nvrtc::compile_ptx;
 use gpumem::cuda::interop::{self, kernel_arg, CudarcSlice};
-use gpumem::{DeviceBuffer, Stream};
+use gpumem::cuda::Cuda;
+
+// cudarc's side needs CUDA's types, so the example names the CUDA backend rather than the
+// facade's aliases (which name the run-time choice under the `auto` feature).
+type Device = gpumem::core::Device<Cuda>;
+type DeviceBuffer<T> = gpumem::core::DeviceBuffer<T, Cuda>;
+type Stream = gpumem::core::Stream<Cuda>;
 
 /// `y = a * x + y`, one thread per element.
 const SAXPY: &str = r#"
@@ -27,7 +33,7 @@ extern "C" __global__ void saxpy(float a, const float* x, float* y, unsigned int
 
 fn main() -> Result<(), Box<dyn Error>> {
     const N: u32 = 1 << 20;
-    let device = gpumem::Device::current();
+    let device = Device::current();
     println!("device {}: {}", device.id(), device.properties()?.name);
 
     // gpumem memory, from the default pool.
