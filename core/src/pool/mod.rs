@@ -45,6 +45,8 @@ mod index;
 mod key;
 mod lanes;
 mod limit;
+#[cfg(all(test, loom))]
+mod loom_tests;
 pub mod pinned;
 mod policy;
 mod raw;
