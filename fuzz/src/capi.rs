@@ -270,6 +270,9 @@ pub fn run(data: &[u8]) {
     let mut model = Model::default();
     for _ in 0..MAX_OPS {
         let Ok(op) = u.arbitrary::<Op>() else { break };
+        if crate::print_ops() {
+            eprintln!("{op:?}");
+        }
         apply(&mut model, op);
         model.check_contents();
         assert_eq!(stats(0).n_live, model.lent.len() as u64, "n_live against the chunks lent");

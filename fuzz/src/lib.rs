@@ -28,3 +28,11 @@ pub fn open_findings_on() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| std::env::var_os("GPUMEM_FUZZ_OPEN").is_some_and(|v| v == "1"))
 }
+
+/// Whether the targets print each operation they run (`GPUMEM_FUZZ_PRINT=1`): to read what a
+/// stored input does, `GPUMEM_FUZZ_PRINT=1 cargo run -p gpumem-fuzz --bin pool -- FILE`.
+#[must_use]
+pub fn print_ops() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| std::env::var_os("GPUMEM_FUZZ_PRINT").is_some_and(|v| v == "1"))
+}

@@ -129,6 +129,10 @@ struct MockState {
     /// Live blocks: address -> current size.
     live: BTreeMap<DevicePtr, usize>,
     granule: usize,
+    /// Whether blocks are made whole granules (rounded up, so larger than asked), as allocators
+    /// that map granules make them: while expandable segments are on, with
+    /// [`crate::open_findings_on`] (the pool then counts such a block at the size it asked for).
+    whole_granules: bool,
     fail_allocations: u8,
     grow: Grow,
     shrink: Shrink,
@@ -150,6 +154,7 @@ impl Mock {
             next: 1 << 32,
             live: BTreeMap::new(),
             granule,
+            whole_granules: false,
             fail_allocations: 0,
             grow: Grow::InPlace,
             shrink: Shrink::All,
@@ -206,6 +211,7 @@ impl RawAllocator for Mock {
             st.fail_allocations -= 1;
             return Err(out_of_memory(size));
         }
+        let size = if st.whole_granules { size.next_multiple_of(st.granule) } else { size };
         if size > CAPACITY - st.held() {
             return Err(out_of_memory(size));
         }
@@ -246,11 +252,18 @@ impl RawAllocator for Mock {
     fn shrink(&self, block: &mut MockBlock, bytes: usize) -> gpumem::Result<usize> {
         let mut st = self.state();
         let granule = st.granule;
-        assert!(bytes.is_multiple_of(granule), "shrink by {bytes}: not whole granules");
+        // The pool asks for bytes that are not whole granules when a block is not (one made
+        // before expandable segments were turned on, or when growing failed): an open finding,
+        // checked with `open_findings_on`; otherwise the mock gives back whole granules only.
+        assert!(
+            bytes.is_multiple_of(granule) || !crate::open_findings_on(),
+            "shrink by {bytes}: not whole granules"
+        );
         assert!(bytes < block.size, "shrink by {bytes} of a block of {}: the whole block", block.size);
+        let whole = bytes / granule * granule;
         let given = match st.shrink {
-            Shrink::All => bytes,
-            Shrink::Half => bytes / granule / 2 * granule,
+            Shrink::All => whole,
+            Shrink::Half => whole / granule / 2 * granule,
             Shrink::Nothing => 0,
             Shrink::Fail => return Err(Error::InvalidArgument("the mock refuses to shrink".into())),
         };
@@ -288,6 +301,9 @@ fn policy(p: Policy) -> GrowthPolicy {
 pub fn run(data: &[u8]) {
     let mut u = Unstructured::new(data);
     let granule = 512usize << (u.arbitrary::<u8>().unwrap_or(0) % 13);
+    if crate::print_ops() {
+        eprintln!("granule {granule}");
+    }
     let mock = Mock::new(granule);
     let pool = Pool::new(0, mock.clone());
     pool.set_stream_order(Box::new(NoQueuedWork));
@@ -297,6 +313,9 @@ pub fn run(data: &[u8]) {
 
     for _ in 0..MAX_OPS {
         let Ok(op) = u.arbitrary::<Op>() else { break };
+        if crate::print_ops() {
+            eprintln!("{op:?}");
+        }
         match op {
             Op::Malloc { size, arena } => {
                 let size = size.bytes();
@@ -335,7 +354,10 @@ pub fn run(data: &[u8]) {
             Op::SetLimit { limit } => pool.set_limit(limit.bytes()),
             Op::FreeAllBlocks { arena } => pool.free_all_blocks(arena.map(arena_key)),
             Op::SetPolicy(p) => pool.set_growth_policy(policy(p)),
-            Op::SetExpandable(on) => pool.set_expandable_segments(on).expect("the mock grows blocks"),
+            Op::SetExpandable(on) => {
+                pool.set_expandable_segments(on).expect("the mock grows blocks");
+                mock.state().whole_granules = on && crate::open_findings_on();
+            }
             Op::FailAllocations(n) => mock.state().fail_allocations = n % 4,
             Op::SetGrow(g) => mock.state().grow = g,
             Op::SetShrink(s) => mock.state().shrink = s,

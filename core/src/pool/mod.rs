@@ -54,6 +54,8 @@ mod inspect;
 mod key;
 mod lanes;
 mod limit;
+#[cfg(all(test, loom))]
+mod loom_tests;
 pub mod pinned;
 mod policy;
 mod raw;

@@ -22,7 +22,11 @@ use std::cell::{Cell, RefCell, UnsafeCell};
 use std::fmt;
 use std::ops::{Deref, DerefMut};
 use std::ptr::NonNull;
-#[cfg(not(feature = "parking-lot-arena-lock"))]
+// Under `cfg(loom)` the spinning lock's flag is loom's, so that the model checker explores its
+// orderings (`loom_tests`).
+#[cfg(all(loom, not(feature = "parking-lot-arena-lock")))]
+use loom::sync::atomic::{AtomicBool, Ordering};
+#[cfg(all(not(loom), not(feature = "parking-lot-arena-lock")))]
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
@@ -100,6 +104,9 @@ impl<T> ArenaLock<T> {
         let mut spins = 0u32;
         loop {
             while self.locked.load(Ordering::Relaxed) {
+                // The model checker runs one thread at a time: a waiter must let it switch.
+                #[cfg(loom)]
+                loom::thread::yield_now();
                 if spins < 64 {
                     spins += 1;
                     std::hint::spin_loop();
