@@ -1,6 +1,8 @@
 //! Replays the stored inputs of every fuzz target on stable Rust, so that `cargo test` keeps what
 //! fuzzing found fixed: `fuzz/corpus/<target>/` always, and `fuzz/open/<target>/` (inputs of
-//! findings still open, which fail today) only with `GPUMEM_FUZZ_OPEN=1`.
+//! findings still open, which fail today) only with `GPUMEM_FUZZ_OPEN=1`. That variable also
+//! turns on the checks and behaviours of the open findings, so stored inputs that reach them fail
+//! then too.
 
 use gpumem_fuzz::corpus::{dir, files_in};
 
