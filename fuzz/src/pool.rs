@@ -45,8 +45,8 @@ enum Grow {
     Refuse,
     /// Fails with an out-of-memory error.
     OutOfMemory,
-    /// Answers `Ok(true)` without growing (VM07; only with [`crate::open_findings_on`], else as
-    /// `InPlace`).
+    /// Answers `Ok(true)` without growing (VM07): the pool must refuse the block
+    /// (`InvalidRawBlock`) and lend nothing from it.
     Lie,
 }
 
@@ -237,8 +237,8 @@ impl RawAllocator for Mock {
         match st.grow {
             Grow::Refuse => Ok(false),
             Grow::OutOfMemory => Err(out_of_memory(extra)),
-            Grow::Lie if crate::open_findings_on() => Ok(true),
-            Grow::InPlace | Grow::Lie => {
+            Grow::Lie => Ok(true),
+            Grow::InPlace => {
                 if block.size + extra > block.reserved || extra > CAPACITY - st.held() {
                     return Ok(false);
                 }
@@ -252,13 +252,9 @@ impl RawAllocator for Mock {
     fn shrink(&self, block: &mut MockBlock, bytes: usize) -> gpumem::Result<usize> {
         let mut st = self.state();
         let granule = st.granule;
-        // The pool asks for bytes that are not whole granules when a block is not (one made
-        // before expandable segments were turned on, or when growing failed): an open finding,
-        // checked with `open_findings_on`; otherwise the mock gives back whole granules only.
-        assert!(
-            bytes.is_multiple_of(granule) || !crate::open_findings_on(),
-            "shrink by {bytes}: not whole granules"
-        );
+        // `RawAllocator::shrink`'s contract: whole granules, also for a block that is not whole
+        // granules (one made before expandable segments were turned on, or when growing failed).
+        assert!(bytes.is_multiple_of(granule), "shrink by {bytes}: not whole granules");
         assert!(bytes < block.size, "shrink by {bytes} of a block of {}: the whole block", block.size);
         let whole = bytes / granule * granule;
         let given = match st.shrink {
@@ -335,8 +331,11 @@ pub fn run(data: &[u8]) {
                         lent.push(Lent { mem, ptr, size: got, requested: size });
                     }
                     Err(e) => {
+                        // Only a block the mock lied about is refused.
                         assert!(
-                            !matches!(e, Error::InvalidRawBlock { .. }) || crate::open_findings_on(),
+                            !matches!(e, Error::InvalidRawBlock { .. })
+                                || matches!(mock.state().grow, Grow::Lie)
+                                || crate::open_findings_on(),
                             "{e}"
                         );
                         assert_eq!(pool.used_bytes(), used_before, "a failed allocation lent bytes: {e}");

@@ -100,7 +100,10 @@ impl<K: RawBlock> ArenaState<K> {
             let (base, before) = (mem.address(), mem.size());
             let end = c.ptr + c.size;
             let keep = (c.ptr - base).next_multiple_of(granule);
-            let asked = (end - base).saturating_sub(keep);
+            // Whole granules only, as `RawAllocator::shrink` asks: a block that is not whole
+            // granules (made before growing blocks were turned on, or at the request's size when
+            // growing failed) keeps the odd bytes at its end.
+            let asked = (end - base).saturating_sub(keep) / granule * granule;
             if asked == 0 {
                 continue;
             }
