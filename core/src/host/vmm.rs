@@ -138,6 +138,12 @@ impl VirtualMemoryOps for Host {
         const API: &str = "cuMemAddressReserve";
         check_device(API, dev)?;
         check_granules(API, size)?;
+        // The simulation backs a reserved range with host memory, so a range larger than the
+        // device's memory (which no mapping could fill) is refused before it is allocated.
+        let capacity = super::memory::capacity_checked()?;
+        if size > capacity {
+            return Err(Error::OutOfMemory { size, total: None });
+        }
         let layout = host_layout(size)?;
         // SAFETY: the size is not 0 (checked above) and the alignment is a power of two.
         let allocation = unsafe { alloc_zeroed(layout) };
@@ -311,4 +317,21 @@ fn count_call(which: usize) {
 pub(crate) fn physical_bytes_made_here(dev: DeviceId) -> usize {
     let me = std::thread::current().id();
     vm().physical.values().filter(|p| p.dev == dev && p.creator == me).map(|p| p.size).sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_range_larger_than_the_device_is_refused_before_it_is_allocated() {
+        let capacity = super::super::memory::capacity_checked().unwrap();
+        let size = (capacity + 1).next_multiple_of(GRANULE);
+        let err = Host::vm_reserve(0, size).unwrap_err();
+        assert!(matches!(err, Error::OutOfMemory { size: s, .. } if s == size), "{err:?}");
+        // A range that fits is still lent, and freed.
+        let ptr = Host::vm_reserve(0, GRANULE).unwrap();
+        // SAFETY: reserved just above with this size; nothing is mapped in it.
+        unsafe { Host::vm_free_range(0, ptr, GRANULE) }.unwrap();
+    }
 }
