@@ -24,6 +24,9 @@ if [ ${#targets[@]} -eq 0 ]; then
 fi
 
 out=target/fuzz
+# The C ABI's default pool on the host backend reserves its simulated device's memory as one range
+# of host memory (16 GiB by default): 1 GiB devices keep that under libFuzzer's malloc limit.
+export GPUMEM_HOST_DEVICE_MEMORY="${GPUMEM_HOST_DEVICE_MEMORY:-1GiB}"
 # Every target is built first, so that each run's time is fuzzing.
 cargo +nightly fuzz build --fuzz-dir fuzz -O -a
 for t in "${targets[@]}"; do
