@@ -228,7 +228,7 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
         Command::Replay { file, policy, expandable, share_across_streams, json } => {
             let policies = match policy {
                 Some(name) => vec![replay::parse_policy(&name)?],
-                None => replay::POLICIES.to_vec(),
+                None => gpumem::GrowthPolicy::ALL.to_vec(),
             };
             let trace = read_trace(&file)?;
             let timeline = Timeline::new(&trace);
@@ -244,7 +244,7 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                     )?);
                     continue;
                 }
-                let bar = progress(steps.len() as u64, replay::policy_name(p));
+                let bar = progress(steps.len() as u64, p.name());
                 let r = replay::replay_on::<gpumem::host::Host, _>(
                     &steps,
                     p,

@@ -81,14 +81,14 @@ pub fn recommend(steps: &[Step]) -> Result<Recommendation> {
         .collect();
     let sharing: &[bool] = if streams.len() > 1 { &[false, true] } else { &[false] };
     let mut candidates = Vec::new();
-    for policy in replay::POLICIES {
+    for policy in gpumem::GrowthPolicy::ALL {
         for expandable in [false, true] {
             for &share_across_streams in sharing {
                 let start = Instant::now();
                 let result =
                     replay::replay(steps, policy, ReplayOptions { expandable, share_across_streams })?;
                 candidates.push(Candidate {
-                    policy: replay::policy_name(policy),
+                    policy: policy.name(),
                     expandable,
                     share_across_streams,
                     raw_calls: result.raw_allocs.saturating_add(result.raw_frees),

@@ -17,15 +17,6 @@ use serde::Serialize;
 use crate::analysis::Timeline;
 use crate::error::{Error, Result};
 
-/// Every growth policy of the pool, in declaration order.
-pub const POLICIES: [GrowthPolicy; 4] = GrowthPolicy::ALL;
-
-/// A policy's name, as gpumem spells it everywhere (`hold_peak_in_use`).
-#[must_use]
-pub fn policy_name(policy: GrowthPolicy) -> &'static str {
-    policy.name()
-}
-
 /// The policy named `name`: `hold_peak_in_use`, or another spelling of it (`hold-peak-in-use`,
 /// `HoldPeakInUse`), in any case.
 ///
@@ -177,7 +168,7 @@ fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) 
         },
     )?;
     Ok(ReplayResult {
-        policy: policy_name(policy),
+        policy: policy.name(),
         peak_held: r.peak_held as u64,
         peak_in_use: r.peak_in_use as u64,
         // 0 for an empty trace, as `replay_on`'s.
@@ -240,7 +231,7 @@ where
     let peak_in_use = peak_in_use(steps);
     let peak_held = counter.peak.load(Ordering::Relaxed) as u64;
     Ok(ReplayResult {
-        policy: policy_name(policy),
+        policy: policy.name(),
         peak_held,
         peak_in_use,
         ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
@@ -352,10 +343,10 @@ mod tests {
 
     #[test]
     fn policy_names_parse_back() {
-        for p in POLICIES {
-            assert_eq!(parse_policy(policy_name(p)).unwrap(), p);
+        for p in GrowthPolicy::ALL {
+            assert_eq!(parse_policy(p.name()).unwrap(), p);
             assert_eq!(parse_policy(&format!("{p:?}")).unwrap(), p);
-            assert_eq!(parse_policy(&policy_name(p).replace('_', "-")).unwrap(), p);
+            assert_eq!(parse_policy(&p.name().replace('_', "-")).unwrap(), p);
         }
         assert!(
             matches!(parse_policy("lru"), Err(Error::InvalidArgument(m)) if m.contains("hold_peak_in_use"))

@@ -131,8 +131,8 @@ fn a_gpumem_debug_print_file_imports_and_replays_to_the_pools_own_peaks() {
 
     // Every policy, as a table.
     let table = tool(&["replay", out.to_str().unwrap()]);
-    for p in replay::POLICIES {
-        assert!(table.contains(replay::policy_name(p)), "{table}");
+    for p in GrowthPolicy::ALL {
+        assert!(table.contains(p.name()), "{table}");
     }
 }
 
@@ -195,7 +195,7 @@ fn a_trace_replays_to_the_peaks_worked_out_by_hand() {
     assert_eq!(r.peak_in_use, 5000);
     assert_eq!((r.peak_held, r.raw_allocs, r.raw_frees), (1024 + 1024 + 3072, 3, 0));
     assert!((r.ratio - 5120.0 / 5000.0).abs() < 1e-12);
-    for p in replay::POLICIES {
+    for p in GrowthPolicy::ALL {
         let r = replay::replay(&steps, p, ReplayOptions::default()).unwrap();
         // No policy can hold less than the most in use at once, rounded to the pool's unit.
         assert!(r.peak_held >= 1024 + 1024 + 3072, "{r:?}");
