@@ -14,9 +14,26 @@
 //!   backend without virtual memory is an error, as for the Rust pools.
 //!
 //! The Rust `MemoryPool::new()` keeps CuPy's rule, for parity with CuPy.
+//!
+//! Memory goes back to the device only once the device is idle. A program frees through the ABI
+//! as soon as it has queued its last use (PyTorch's and CuPy's allocators are stream-ordered), so
+//! a free chunk of the pool may still be under queued work. Reusing it on its own stream is safe
+//! (the work runs in order), giving its pages back to the driver is not: `cuMemFree` waits for the
+//! device, but unmapping a growing block does not, and work queued on unmapped pages faults
+//! (measured on an H100: every PyTorch program under `hold_peak_in_use`, which releases on misses,
+//! failed with an illegal address). So [`AbiAllocator`] synchronises the block's device before
+//! each raw free and each shrink, as PyTorch does before it unmaps expandable segments. A
+//! synchronisation that fails (a capture underway on the device, a failed context) keeps the
+//! memory: a shrink is refused and the block stays cached; a block being dropped is leaked, not
+//! freed, and counted in `gpumem_stats`'s `n_failed_other`.
 
-use gpumem::core::pool::{expandable_segments_from_env, RawAllocator};
-use gpumem::{DefaultBackend, DeviceAllocator, DeviceId, GrowthPolicy, Result};
+use std::mem::ManuallyDrop;
+
+use gpumem::core::hal::DeviceOps;
+use gpumem::core::pool::{expandable_segments_from_env, RawAllocator, RawBlock};
+use gpumem::{BaseMemory, DefaultBackend, DeviceAllocator, DeviceId, DevicePtr, GrowthPolicy, Result};
+
+use crate::registry::FAILED;
 
 /// The growth policy of every device's pool of the ABI.
 pub(crate) const GROWTH_POLICY: GrowthPolicy = GrowthPolicy::Segments;
@@ -26,11 +43,61 @@ pub(crate) const GROWTH_POLICY: GrowthPolicy = GrowthPolicy::Segments;
 #[derive(Clone, Debug, Default)]
 pub(crate) struct AbiAllocator(DeviceAllocator);
 
+/// The runtime's raw block.
+type DeviceBlock = <DeviceAllocator as RawAllocator>::Block;
+
+/// A raw block of [`AbiAllocator`]: the runtime's, given back to the device only once the device
+/// has finished its queued work (see the module docs).
+#[derive(Debug)]
+pub(crate) struct AbiBlock(ManuallyDrop<DeviceBlock>);
+
+impl RawBlock for AbiBlock {
+    fn address(&self) -> DevicePtr {
+        RawBlock::address(&*self.0)
+    }
+    fn size(&self) -> usize {
+        RawBlock::size(&*self.0)
+    }
+    fn device(&self) -> DeviceId {
+        RawBlock::device(&*self.0)
+    }
+}
+
+// SAFETY: forwards to the runtime's block, which promises the same; the wrapper only delays its
+// drop until the device is idle (or forever).
+unsafe impl BaseMemory<DefaultBackend> for AbiBlock {
+    fn ptr(&self) -> DevicePtr {
+        BaseMemory::<DefaultBackend>::ptr(&*self.0)
+    }
+    fn size(&self) -> usize {
+        BaseMemory::<DefaultBackend>::size(&*self.0)
+    }
+    fn device_id(&self) -> DeviceId {
+        BaseMemory::<DefaultBackend>::device_id(&*self.0)
+    }
+    fn identity(&self) -> &'static str {
+        BaseMemory::<DefaultBackend>::identity(&*self.0)
+    }
+}
+
+impl Drop for AbiBlock {
+    fn drop(&mut self) {
+        if DefaultBackend::device_synchronize(RawBlock::device(&*self.0)).is_ok() {
+            // SAFETY: dropped once, here; `self.0` is not used again.
+            unsafe { ManuallyDrop::drop(&mut self.0) };
+        } else {
+            // Queued work may still use the block: it is kept (never freed) rather than given
+            // back under that work. No error can be returned from a drop: it is counted.
+            FAILED.count("raw free");
+        }
+    }
+}
+
 impl RawAllocator for AbiAllocator {
-    type Block = <DeviceAllocator as RawAllocator>::Block;
+    type Block = AbiBlock;
 
     fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block> {
-        self.0.allocate(device, size)
+        self.0.allocate(device, size).map(|b| AbiBlock(ManuallyDrop::new(b)))
     }
     fn expandable(&self) -> bool {
         self.0.expandable()
@@ -39,10 +106,12 @@ impl RawAllocator for AbiAllocator {
         self.0.granule()
     }
     fn grow(&self, block: &mut Self::Block, extra: usize) -> Result<bool> {
-        self.0.grow(block, extra)
+        self.0.grow(&mut block.0, extra)
     }
     fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
-        self.0.shrink(block, bytes)
+        // A failed synchronisation refuses the shrink: the tail stays mapped and cached.
+        DefaultBackend::device_synchronize(RawBlock::device(&*block.0))?;
+        self.0.shrink(&mut block.0, bytes)
     }
 
     fn for_device(&self, device: DeviceId) -> Result<Self> {
