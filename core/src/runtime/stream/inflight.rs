@@ -42,6 +42,31 @@ use crate::runtime::state::Runtime;
 use crate::runtime::stream::callback::HostFnData;
 use crate::runtime::stream::event::Event;
 
+/// What the ownership model costs the calling thread, counted for the tests that measure it
+/// (`stream::tests`): the acquisitions of its process-wide locks and the events it records.
+#[cfg(test)]
+pub(crate) mod probe {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(crate) static LOCKS: Cell<u64> = const { Cell::new(0) };
+        pub(crate) static EVENTS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// (process-wide locks taken, events recorded) by the calling thread so far.
+    pub(crate) fn counts() -> (u64, u64) {
+        (LOCKS.with(Cell::get), EVENTS.with(Cell::get))
+    }
+}
+
+/// `guard`, a process-wide lock of the registry just taken, counted for the tests.
+#[inline]
+fn counted<T>(guard: T) -> T {
+    #[cfg(test)]
+    probe::LOCKS.with(|n| n.set(n.get() + 1));
+    guard
+}
+
 /// Something queued work keeps alive until it is done.
 pub(crate) type Keep = Arc<dyn Any + Send + Sync>;
 
@@ -240,7 +265,7 @@ fn lock_when_free<B: Runtime>(
     operation: &'static str,
 ) -> Result<MutexGuard<'static, Queues<B>>> {
     let inflight = &B::globals().inflight;
-    let mut entries = inflight.entries.lock();
+    let mut entries = counted(inflight.entries.lock());
     while entries.is_busy(ranges) {
         if crate::runtime::stream::callback::in_callback() {
             return Err(crate::Error::NotAllowedInCallback { operation });
@@ -279,7 +304,7 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
         crate::runtime::state::run_deferred::<B>();
     }
     let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0)
-        .then(|| inflight.captures.read_recursive());
+        .then(|| counted(inflight.captures.read_recursive()));
     let (record, capturing) = match &captures {
         // SAFETY: the caller keeps the handle live.
         Some(map) => unsafe { map.of(&target) },
@@ -315,7 +340,7 @@ impl<B: Runtime> Queueing<'_, B> {
                     let origin = self.record.unwrap_or(self.target.identity);
                     record.lock().add::<B>(keeps, ranges, self.target.identity, origin);
                 }
-                None => inflight.orphans.lock().extend(keeps),
+                None => counted(inflight.orphans.lock()).extend(keeps),
             }
             return Ok(());
         }
@@ -324,16 +349,18 @@ impl<B: Runtime> Queueing<'_, B> {
         let event = match spare_event::<B>(self.target.device) {
             Ok(e) => e,
             Err(e) => {
-                inflight.orphans.lock().extend(keeps);
+                counted(inflight.orphans.lock()).extend(keeps);
                 return Err(e);
             }
         };
+        #[cfg(test)]
+        probe::EVENTS.with(|n| n.set(n.get() + 1));
         // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
         if let Err(e) = unsafe { B::event_record(self.target.device, event.raw(), self.target.handle) } {
-            inflight.orphans.lock().extend(keeps);
+            counted(inflight.orphans.lock()).extend(keeps);
             return Err(e);
         }
-        let mut entries = entries.unwrap_or_else(|| inflight.entries.lock());
+        let mut entries = entries.unwrap_or_else(|| counted(inflight.entries.lock()));
         entries.by_stream.entry(self.target.identity).or_default().push_back(Entry { event, keeps, ranges });
         entries.len += 1;
         inflight.n_entries.store(entries.len, Ordering::Release);
@@ -343,7 +370,7 @@ impl<B: Runtime> Queueing<'_, B> {
 
 fn spare_event<B: Runtime>(device: DeviceId) -> Result<Event<B>> {
     let reused = {
-        let mut spare = B::globals().inflight.spare.lock();
+        let mut spare = counted(B::globals().inflight.spare.lock());
         spare.iter().position(|e| e.device_id() == device).map(|i| spare.swap_remove(i))
     };
     match reused {
@@ -361,7 +388,7 @@ pub(crate) fn collect<B: Runtime>() {
     let inflight = &B::globals().inflight;
     if inflight.n_entries.load(Ordering::Acquire) > 0 {
         let done: Vec<Entry<B>> = {
-            let mut entries = inflight.entries.lock();
+            let mut entries = counted(inflight.entries.lock());
             // A pass asks the runtime once per finished entry and once per stream.
             let mut done = Vec::new();
             entries.by_stream.retain(|_, queue| {
@@ -389,7 +416,7 @@ fn release<B: Runtime>(done: Vec<Entry<B>>) {
         events.push(entry.event);
         drop(entry.keeps);
     }
-    let mut spare = B::globals().inflight.spare.lock();
+    let mut spare = counted(B::globals().inflight.spare.lock());
     if spare.len() < 256 {
         spare.extend(events);
     }
@@ -441,7 +468,7 @@ struct Busy<B: Runtime> {
 impl<B: Runtime> Drop for Busy<B> {
     fn drop(&mut self) {
         let inflight = &B::globals().inflight;
-        inflight.entries.lock().busy.retain(|(id, _)| *id != self.id);
+        counted(inflight.entries.lock()).busy.retain(|(id, _)| *id != self.id);
         inflight.access_ended.notify_all();
     }
 }
@@ -452,7 +479,8 @@ pub(crate) fn wait_all<B: Runtime>() {
     if crate::runtime::stream::callback::in_callback() {
         return;
     }
-    let events: Vec<Event<B>> = B::globals().inflight.entries.lock().all().map(|e| e.event.clone()).collect();
+    let events: Vec<Event<B>> =
+        counted(B::globals().inflight.entries.lock()).all().map(|e| e.event.clone()).collect();
     for e in events {
         // A failed wait (a lost device) leaves the entry for `collect` to judge.
         let _ = e.synchronize();
@@ -470,7 +498,7 @@ pub(crate) fn begin_capture<B: Runtime>(
         return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
     }
     let inflight = &B::globals().inflight;
-    let mut map = inflight.captures.write();
+    let mut map = counted(inflight.captures.write());
     let id = start()?;
     map.by_stream.insert(identity, Mutex::new(CaptureRecord::default()));
     if let Some(id) = id {
@@ -491,7 +519,7 @@ pub(crate) fn end_capture<B: Runtime, G>(
         return Err(crate::Error::NotAllowedInCallback { operation: "end_capture" });
     }
     let inflight = &B::globals().inflight;
-    let mut map = inflight.captures.write();
+    let mut map = counted(inflight.captures.write());
     let result = end();
     let record = map.by_stream.remove(&identity).map(Mutex::into_inner).unwrap_or_default();
     map.by_id.retain(|_, origin| *origin != identity);
@@ -518,7 +546,7 @@ pub(crate) fn with_capture_of<B: Runtime, T>(
     if !B::CAPS.capture {
         return f(None, false);
     }
-    let map = inflight.captures.read_recursive();
+    let map = counted(inflight.captures.read_recursive());
     // SAFETY: `with_capture_of`'s callers pass a handle live for this call.
     let (record, capturing) = unsafe { map.of(&target) };
     match record.and_then(|r| map.by_stream.get(&r)) {
@@ -546,7 +574,7 @@ pub(crate) fn reuse_in_capture<B: Runtime>(
     pool_uid: usize,
     size: usize,
 ) -> Option<Arc<dyn BaseMemory<B>>> {
-    let map = B::globals().inflight.captures.read_recursive();
+    let map = counted(B::globals().inflight.captures.read_recursive());
     let record = map.by_stream.get(&target.identity)?.lock();
     if record.forked {
         return None;
@@ -570,7 +598,7 @@ pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
     if !any_capture::<B>() {
         return;
     }
-    let map = B::globals().inflight.captures.read_recursive();
+    let map = counted(B::globals().inflight.captures.read_recursive());
     // SAFETY: the caller keeps the handle live.
     let (record, capturing) = unsafe { map.of(target) };
     match record {
@@ -588,5 +616,5 @@ pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
 
 /// Holds `keep` for good: for what a foreign capture may reach.
 pub(crate) fn keep_forever<B: Runtime>(keep: Keep) {
-    B::globals().inflight.orphans.lock().push(keep);
+    counted(B::globals().inflight.orphans.lock()).push(keep);
 }

@@ -17,6 +17,8 @@ pub(crate) mod callback;
 pub mod event;
 pub mod graph;
 pub(crate) mod inflight;
+#[cfg(test)]
+mod tests;
 
 use callback::HostFnData;
 pub use event::Event;
