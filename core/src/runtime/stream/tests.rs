@@ -157,11 +157,13 @@ fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
 
     for (what, ours, raw) in rows {
         report(what, ours, raw);
-        // The registry's price, whichever the stream: an event recorded on every operation and
-        // at least one process-wide lock, and heap allocations beyond the raw call's.
+        // The registry's price, whichever the stream: an event recorded on every operation, one
+        // process-wide lock (and one more on each 16th operation, which releases finished
+        // entries), and no heap allocation of its own beyond the host backend's queued event
+        // record (one per operation) and the release's.
         assert_eq!(ours.events, 1.0, "{what}: one event per operation");
-        assert!(ours.locks >= 1.0, "{what}: {ours:?}");
-        assert!(ours.allocations > raw.allocations, "{what}: {ours:?} against {raw:?}");
+        assert!((1.0..1.2).contains(&ours.locks), "{what}: {ours:?}");
+        assert!(ours.allocations - raw.allocations < 1.5, "{what}: {ours:?} against {raw:?}");
         assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
     }
 }
