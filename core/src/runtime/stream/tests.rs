@@ -9,12 +9,10 @@
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
 
+use super::inflight::probe;
 use crate::hal::MemoryOps;
 use crate::host::Host;
-use crate::runtime::allocator::alloc;
-use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::stream::inflight::probe;
-use crate::runtime::stream::Stream;
+use crate::{alloc, MemoryPointer, Stream};
 
 thread_local! {
     static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
