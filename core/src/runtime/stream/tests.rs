@@ -165,3 +165,39 @@ fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
         assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
     }
 }
+
+/// Work that cannot finish (its stream waits in a host function) lets operations pile up: each
+/// release finds nothing finished, so the next one waits until twice as many wait, and queueing
+/// stays at about one lock per operation (it was two once 16 waited: every operation released).
+#[test]
+fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
+    let s = Stream::<Host>::non_blocking().unwrap();
+    let p = {
+        let _current = s.enter().unwrap();
+        alloc::<Host>(OPS * SIZE).unwrap()
+    };
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let held = std::sync::Arc::clone(&gate);
+    s.launch_host_func(move || {
+        let (open, opened) = &*held;
+        let mut open = open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !*open {
+            open = opened.wait(open).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    })
+    .unwrap();
+    let behind = cost(OPS, || {
+        for i in 0..OPS {
+            at(&p, i).memset_async(1, SIZE, Some(&s)).unwrap();
+        }
+    });
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    s.synchronize().unwrap();
+    eprintln!(
+        "memset_async behind a waiting host function: {:.2} process-wide locks, {:.2} events recorded",
+        behind.locks, behind.events
+    );
+    assert_eq!(behind.events, 1.0);
+    assert!(behind.locks < 1.2, "{behind:?}");
+}
