@@ -439,8 +439,8 @@ impl<B: Runtime> Queueing<'_, B> {
         };
         #[cfg(test)]
         probe::EVENTS.with(|n| n.set(n.get() + 1));
-        // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
         let recorded = event.and_then(|event| {
+            // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
             unsafe { B::event_record(device, event.raw(), self.target.handle) }.map(|()| event)
         });
         let event = match recorded {
