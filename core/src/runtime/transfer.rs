@@ -87,28 +87,28 @@ fn span(start: usize, len: usize) -> Range {
 }
 
 /// What an operation through `p` keeps alive: its memory object.
-fn keep_of<B: Runtime>(p: &MemoryPointer<B>) -> Keep {
-    Arc::new(Arc::clone(p.mem()))
+fn keep_of<B: Runtime>(p: &MemoryPointer<B>) -> Keep<B> {
+    Keep::Memory(Arc::clone(p.mem()))
 }
 
 /// What an operation through `p` keeps alive: its pinned buffer.
-fn keep_pinned<B: Runtime>(p: &PinnedMemoryPointer<B>) -> Keep {
-    Arc::new(p.buffer())
+fn keep_pinned<B: Runtime>(p: &PinnedMemoryPointer<B>) -> Keep<B> {
+    Keep::Other(Arc::new(p.buffer()))
 }
 
 /// Queues `op` on `stream` (or the current stream): ordered after queued work of other streams on
 /// the same bytes, and keeping `keeps` alive until the stream has passed it.
-fn queue<B: Runtime>(
+fn queue<B: Runtime, const N: usize>(
     stream: Option<&Stream<B>>,
-    ranges: Vec<Range>,
-    keeps: Vec<Keep>,
+    ranges: [Range; N],
+    keeps: [Keep<B>; N],
     op: impl FnOnce(&Target<B>) -> Result<()>,
 ) -> Result<()> {
     let target = stream::target::<B>(stream);
     // SAFETY: the handle `target` gave is live for this call.
     let queueing = unsafe { inflight::begin(target, &ranges) }?;
     op(&target)?;
-    queueing.keep(keeps, ranges)
+    queueing.keep(keeps, &ranges)
 }
 
 /// Refuses an asynchronous operation on `p`'s memory queued on a stream of another device, as
@@ -195,8 +195,8 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
-        let ranges = vec![span(dst_ptr, size), span(src_ptr, size)];
-        queue(stream, ranges, vec![keep_of(self), keep_of(src)], |t| {
+        let ranges = [span(dst_ptr, size), span(src_ptr, size)];
+        queue(stream, ranges, [keep_of(self), keep_of(src)], |t| {
             // SAFETY: both ranges were checked against live memory of `B`, which the queue keeps
             // alive until the stream has passed the copy.
             unsafe { B::memcpy_async(t.device, dst_ptr, src_ptr, size, t.handle) }
@@ -291,8 +291,8 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        let ranges = vec![span(dst, size), span(host, size)];
-        queue(stream, ranges, vec![keep_of(self), keep_pinned(src)], |t| {
+        let ranges = [span(dst, size), span(host, size)];
+        queue(stream, ranges, [keep_of(self), keep_pinned(src)], |t| {
             // SAFETY: both ranges were checked against live memory, which the queue keeps alive
             // until the stream has passed the copy.
             unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
@@ -320,7 +320,7 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        queue(stream, vec![span(dst, size)], vec![keep_of(self)], |t| {
+        queue(stream, [span(dst, size)], [keep_of(self)], |t| {
             // SAFETY: the device range was checked and is kept alive by the queue; the host range
             // is the caller's promise.
             unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
@@ -387,8 +387,8 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        let ranges = vec![span(src, size), span(host, size)];
-        queue(stream, ranges, vec![keep_of(self), keep_pinned(dst)], |t| {
+        let ranges = [span(src, size), span(host, size)];
+        queue(stream, ranges, [keep_of(self), keep_pinned(dst)], |t| {
             // SAFETY: both ranges were checked against live memory, which the queue keeps alive
             // until the stream has passed the copy.
             unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
@@ -416,7 +416,7 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        queue(stream, vec![span(src, size)], vec![keep_of(self)], |t| {
+        queue(stream, [span(src, size)], [keep_of(self)], |t| {
             // SAFETY: the device range was checked and is kept alive by the queue; the host range
             // is the caller's promise.
             unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
@@ -497,7 +497,7 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         check_stream_device(self, stream)?;
-        queue(stream, vec![span(dst, size)], vec![keep_of(self)], |t| {
+        queue(stream, [span(dst, size)], [keep_of(self)], |t| {
             // SAFETY: the range was checked and the queue keeps the memory alive until the
             // stream has passed the memset.
             unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
@@ -515,6 +515,6 @@ impl<B: Runtime> MemoryPointer<B> {
     pub fn record_stream(&self, stream: &Stream<B>) -> Result<()> {
         let (start, len) = self.memory_span();
         let range = span(start, len);
-        queue(Some(stream), vec![range], vec![keep_of(self)], |_| Ok(()))
+        queue(Some(stream), [range], [keep_of(self)], |_| Ok(()))
     }
 }

@@ -102,7 +102,7 @@ impl<B: Runtime> MemoryAsync<B> {
         // The memory exists for work ordered after the allocation on its stream: recorded as a
         // queued operation on its bytes, so work gpumem queues on them on another stream waits
         // for the allocation first.
-        queueing.keep(Vec::new(), vec![(ptr, ptr.saturating_add(size))])?;
+        queueing.keep([], &[(ptr, ptr.saturating_add(size))])?;
         Ok(mem)
     }
 

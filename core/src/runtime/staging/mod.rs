@@ -508,9 +508,9 @@ pub(crate) unsafe fn copy<B: Runtime>(
         // A transfer may still reach these after the call: neither the buffers nor the device
         // memory may be lent again.
         for slot in lanes.iter().flat_map(|l| &l.slots) {
-            inflight::keep_forever::<B>(Arc::new(slot.buffer.clone()));
+            inflight::keep_forever::<B>(inflight::Keep::Other(Arc::new(slot.buffer.clone())));
         }
-        inflight::keep_forever::<B>(Arc::new(Arc::clone(mem.mem())));
+        inflight::keep_forever::<B>(inflight::Keep::Memory(Arc::clone(mem.mem())));
     }
     Err(first.error)
 }

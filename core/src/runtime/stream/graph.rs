@@ -1,5 +1,6 @@
 //! Graphs: work captured from a stream, replayed with one launch.
 
+use std::any::Any;
 use std::fmt;
 use std::sync::Arc;
 
@@ -43,12 +44,12 @@ pub struct Graph<B: Runtime> {
     /// Each launch keeps it alive until the launch is done, and a capture the graph is launched
     /// into keeps it for the outer graph, so dropping this graph never frees what a queued replay
     /// can reach.
-    parts: Arc<GraphParts>,
+    parts: Arc<GraphParts<B>>,
 }
 
 /// What a graph's work reaches, shared with its queued launches.
-pub(crate) struct GraphParts {
-    record: CaptureRecord,
+pub(crate) struct GraphParts<B: Runtime> {
+    record: CaptureRecord<B>,
 }
 
 impl<B: Runtime> fmt::Debug for Graph<B> {
@@ -62,7 +63,7 @@ impl<B: Runtime> fmt::Debug for Graph<B> {
 }
 
 impl<B: Runtime> Graph<B> {
-    pub(crate) fn new(raw: B::Graph, device: DeviceId, record: CaptureRecord) -> Self {
+    pub(crate) fn new(raw: B::Graph, device: DeviceId, record: CaptureRecord<B>) -> Self {
         Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record }) }
     }
 
@@ -89,7 +90,7 @@ impl<B: Runtime> Graph<B> {
         let queueing = unsafe { inflight::begin(target, ranges) }?;
         // SAFETY: as above.
         unsafe { B::graph_launch(target.device, self.raw(), target.handle) }?;
-        queueing.keep(vec![Arc::clone(&self.parts) as inflight::Keep], ranges.clone())
+        queueing.keep([inflight::Keep::Other(Arc::clone(&self.parts) as Arc<dyn Any + Send + Sync>)], ranges)
     }
 
     /// The graph as Graphviz DOT text (CuPy's `debug_dot_str(flags=0)`): on CUDA the driver's

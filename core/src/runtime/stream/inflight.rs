@@ -42,11 +42,89 @@ use crate::runtime::state::Runtime;
 use crate::runtime::stream::callback::HostFnData;
 use crate::runtime::stream::event::Event;
 
-/// Something queued work keeps alive until it is done.
-pub(crate) type Keep = Arc<dyn Any + Send + Sync>;
+/// What the ownership model costs the calling thread, counted for the tests that measure it
+/// (`stream::tests`): the acquisitions of its process-wide locks and the events it records.
+#[cfg(test)]
+pub(crate) mod probe {
+    use std::cell::Cell;
+
+    thread_local! {
+        pub(crate) static LOCKS: Cell<u64> = const { Cell::new(0) };
+        pub(crate) static EVENTS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// (process-wide locks taken, events recorded) by the calling thread so far.
+    pub(crate) fn counts() -> (u64, u64) {
+        (LOCKS.with(Cell::get), EVENTS.with(Cell::get))
+    }
+}
+
+/// `guard`, a process-wide lock of the registry just taken, counted for the tests.
+#[inline]
+fn counted<T>(guard: T) -> T {
+    #[cfg(test)]
+    probe::LOCKS.with(|n| n.set(n.get() + 1));
+    guard
+}
+
+/// Something queued work keeps alive until it is done: device memory (held as it is, so keeping
+/// it costs no allocation, and a capture can find it again), or anything else.
+pub(crate) enum Keep<B: Runtime> {
+    Memory(Arc<dyn BaseMemory<B>>),
+    Other(Arc<dyn Any + Send + Sync>),
+}
+
+/// What one operation keeps: two things held inline (a copy keeps its source and destination),
+/// any more in a `Vec`, so that the common operation allocates nothing for them.
+struct Keeps<B: Runtime> {
+    inline: [Option<Keep<B>>; 2],
+    more: Vec<Keep<B>>,
+}
+
+impl<B: Runtime> Keeps<B> {
+    fn new(keeps: impl IntoIterator<Item = Keep<B>>) -> Self {
+        let mut kept = Keeps { inline: [None, None], more: Vec::new() };
+        for keep in keeps {
+            match kept.inline.iter_mut().find(|slot| slot.is_none()) {
+                Some(slot) => *slot = Some(keep),
+                None => kept.more.push(keep),
+            }
+        }
+        kept
+    }
+
+    fn into_iter(self) -> impl Iterator<Item = Keep<B>> {
+        self.inline.into_iter().flatten().chain(self.more)
+    }
+}
 
 /// A byte range `[start, end)` an operation touches.
 pub(crate) type Range = (usize, usize);
+
+/// The ranges of one operation: up to two inline (an empty range, `(0, 0)`, overlaps nothing),
+/// more (a graph's) in a `Vec`.
+enum Ranges {
+    Few([Range; 2]),
+    Many(Vec<Range>),
+}
+
+impl Ranges {
+    fn new(ranges: &[Range]) -> Self {
+        match *ranges {
+            [] => Ranges::Few([(0, 0); 2]),
+            [a] => Ranges::Few([a, (0, 0)]),
+            [a, b] => Ranges::Few([a, b]),
+            _ => Ranges::Many(ranges.to_vec()),
+        }
+    }
+
+    fn as_slice(&self) -> &[Range] {
+        match self {
+            Ranges::Few(few) => few,
+            Ranges::Many(many) => many,
+        }
+    }
+}
 
 /// The stream an operation is queued on: its handle, the device it runs in, and its identity
 /// (its arena key: per-thread default streams differ per thread).
@@ -67,8 +145,8 @@ impl<B: Runtime> Copy for Target<B> {}
 
 struct Entry<B: Runtime> {
     event: Event<B>,
-    keeps: Vec<Keep>,
-    ranges: Vec<Range>,
+    keeps: Keeps<B>,
+    ranges: Ranges,
 }
 
 /// The entries of each stream in queueing order. A stream's events complete in that order, so
@@ -80,6 +158,9 @@ struct Queues<B: Runtime> {
     /// The ranges of the synchronous accesses running now, by an id of each.
     busy: Vec<(u64, Vec<Range>)>,
     next_access: u64,
+    /// Events of released entries, for the next ones (under the same lock, so that queueing an
+    /// operation takes one lock).
+    spare: Vec<Event<B>>,
 }
 
 impl<B: Runtime> Queues<B> {
@@ -94,7 +175,7 @@ impl<B: Runtime> Queues<B> {
             .iter()
             .filter(|(stream, _)| streams(stream))
             .flat_map(|(_, queue)| queue)
-            .filter(|e| any_overlap(&e.ranges, ranges))
+            .filter(|e| any_overlap(e.ranges.as_slice(), ranges))
             .map(|e| e.event.clone())
             .collect()
     }
@@ -106,15 +187,15 @@ impl<B: Runtime> Queues<B> {
 
 /// How many entries may wait before an operation being queued releases the finished ones
 /// (`synchronize`, a pool about to grow and a synchronous access on the same bytes release them
-/// at once). Asking the runtime about events on every operation would cost a query each.
+/// at once); more while work runs far behind (see `InFlight::collect_at`). Asking the runtime
+/// about events on every operation would cost a query each.
 const COLLECT_AT: usize = 16;
 
 /// What a capture begun by gpumem collects for its graph.
-#[derive(Default)]
-pub(crate) struct CaptureRecord {
-    pub(crate) keeps: Vec<Keep>,
+pub(crate) struct CaptureRecord<B: Runtime> {
+    pub(crate) keeps: Vec<Arc<dyn Any + Send + Sync>>,
     /// The device memory the captured work touches, once each, by address of its shared object.
-    pub(crate) memory: HashMap<usize, CapturedMemory>,
+    pub(crate) memory: HashMap<usize, CapturedMemory<B>>,
     pub(crate) host_fns: Vec<Arc<HostFnData>>,
     pub(crate) ranges: Vec<Range>,
     /// Another stream joined the capture: from then on the capture lends nothing again (that
@@ -122,15 +203,26 @@ pub(crate) struct CaptureRecord {
     forked: bool,
 }
 
+impl<B: Runtime> Default for CaptureRecord<B> {
+    fn default() -> Self {
+        CaptureRecord {
+            keeps: Vec::new(),
+            memory: HashMap::new(),
+            host_fns: Vec::new(),
+            ranges: Vec::new(),
+            forked: false,
+        }
+    }
+}
+
 /// Device memory a capture touches: held for the graph, and whether only the stream that began
 /// the capture touched it (then the capture may lend it again, see [`reuse_in_capture`]).
-pub(crate) struct CapturedMemory {
-    /// An `Arc<dyn BaseMemory<B>>`, as a [`Keep`].
-    keep: Keep,
+pub(crate) struct CapturedMemory<B: Runtime> {
+    mem: Arc<dyn BaseMemory<B>>,
     only_origin: bool,
 }
 
-impl CaptureRecord {
+impl<B: Runtime> CaptureRecord<B> {
     /// What the record holds for the graph, in all.
     pub(crate) fn n_kept(&self) -> usize {
         self.keeps.len() + self.memory.len()
@@ -138,32 +230,40 @@ impl CaptureRecord {
 
     /// Adds what an operation captured on `stream` keeps; `origin` is the stream that began the
     /// capture.
-    fn add<B: Runtime>(&mut self, keeps: Vec<Keep>, ranges: Vec<Range>, stream: ArenaKey, origin: ArenaKey) {
-        for keep in keeps {
-            let Some(mem) = keep.downcast_ref::<Arc<dyn BaseMemory<B>>>() else {
-                self.keeps.push(keep);
-                continue;
+    fn add(&mut self, keeps: Keeps<B>, ranges: &[Range], stream: ArenaKey, origin: ArenaKey) {
+        for keep in keeps.into_iter() {
+            let mem = match keep {
+                Keep::Memory(mem) => mem,
+                Keep::Other(other) => {
+                    self.keeps.push(other);
+                    continue;
+                }
             };
-            let address = Arc::as_ptr(mem).cast::<()>().addr();
+            let address = Arc::as_ptr(&mem).cast::<()>().addr();
             let on_origin = stream == origin;
             self.memory
                 .entry(address)
                 .and_modify(|m| m.only_origin &= on_origin)
-                .or_insert(CapturedMemory { keep, only_origin: on_origin });
+                .or_insert(CapturedMemory { mem, only_origin: on_origin });
         }
-        self.ranges.extend(ranges);
+        self.ranges.extend(ranges.iter().filter(|r| r.0 < r.1));
     }
 }
 
 /// The captures gpumem began: their records by the identity of the stream that began them, and
 /// that stream by the capture's id (where the backend names its captures).
-#[derive(Default)]
-pub(crate) struct Captures {
-    by_stream: HashMap<ArenaKey, Mutex<CaptureRecord>>,
+pub(crate) struct Captures<B: Runtime> {
+    by_stream: HashMap<ArenaKey, Mutex<CaptureRecord<B>>>,
     by_id: HashMap<u64, ArenaKey>,
 }
 
-impl Captures {
+impl<B: Runtime> Default for Captures<B> {
+    fn default() -> Self {
+        Captures { by_stream: HashMap::new(), by_id: HashMap::new() }
+    }
+}
+
+impl<B: Runtime> Captures<B> {
     /// The record the work of `target` goes to, when it is capturing into a capture gpumem began:
     /// its own, or (for a stream that joined one) that of the stream that began it. The second
     /// value says whether `target` is capturing at all.
@@ -171,7 +271,7 @@ impl Captures {
     /// # Safety
     ///
     /// `target.handle` is live for this call.
-    unsafe fn of<B: Runtime>(&self, target: &Target<B>) -> (Option<ArenaKey>, bool) {
+    unsafe fn of(&self, target: &Target<B>) -> (Option<ArenaKey>, bool) {
         if self.by_stream.contains_key(&target.identity) {
             return (Some(target.identity), true);
         }
@@ -192,14 +292,18 @@ pub(crate) struct InFlight<B: Runtime> {
     /// Signalled when a synchronous access ends (its ranges are no longer busy).
     access_ended: Condvar,
     n_entries: AtomicUsize,
-    spare: Mutex<Vec<Event<B>>>,
+    /// The number of entries at which the next asynchronous operation releases the finished ones:
+    /// [`COLLECT_AT`], or twice what the last release left waiting. Work that runs behind by many
+    /// operations then costs a release (a lock and an event query) every so often, not on every
+    /// operation, and keeps at most twice what it keeps anyway.
+    collect_at: AtomicUsize,
     /// The captures gpumem began. Asynchronous operations take the read lock while they queue
     /// and keep, `begin_capture`/`end_capture` the write lock, so an operation is kept by the
     /// capture it was captured into, never by an event recorded inside it.
-    captures: RwLock<Captures>,
+    captures: RwLock<Captures<B>>,
     n_captures: AtomicUsize,
     /// Keeps of captures gpumem did not begin: held for good.
-    orphans: Mutex<Vec<Keep>>,
+    orphans: Mutex<Vec<Keep<B>>>,
 }
 
 impl<B: Runtime> InFlight<B> {
@@ -210,10 +314,11 @@ impl<B: Runtime> InFlight<B> {
                 len: 0,
                 busy: Vec::new(),
                 next_access: 0,
+                spare: Vec::new(),
             }),
             access_ended: Condvar::new(),
             n_entries: AtomicUsize::new(0),
-            spare: Mutex::new(Vec::new()),
+            collect_at: AtomicUsize::new(COLLECT_AT),
             captures: RwLock::new(Captures::default()),
             n_captures: AtomicUsize::new(0),
             orphans: Mutex::new(Vec::new()),
@@ -240,7 +345,7 @@ fn lock_when_free<B: Runtime>(
     operation: &'static str,
 ) -> Result<MutexGuard<'static, Queues<B>>> {
     let inflight = &B::globals().inflight;
-    let mut entries = inflight.entries.lock();
+    let mut entries = counted(inflight.entries.lock());
     while entries.is_busy(ranges) {
         if crate::runtime::stream::callback::in_callback() {
             return Err(crate::Error::NotAllowedInCallback { operation });
@@ -254,7 +359,7 @@ fn lock_when_free<B: Runtime>(
 /// the operation is queued until what it touches is kept.
 pub(crate) struct Queueing<'a, B: Runtime> {
     target: Target<B>,
-    captures: Option<RwLockReadGuard<'a, Captures>>,
+    captures: Option<RwLockReadGuard<'a, Captures<B>>>,
     /// The entries, locked from the ordering decision until the operation's entry is in them
     /// (when the operation touches bytes and runs), so no access of another thread comes between.
     entries: Option<MutexGuard<'a, Queues<B>>>,
@@ -273,13 +378,13 @@ pub(crate) struct Queueing<'a, B: Runtime> {
 /// `target.handle` is live for as long as the returned value.
 pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> Result<Queueing<'static, B>> {
     let inflight = &B::globals().inflight;
-    if inflight.n_entries.load(Ordering::Relaxed) >= COLLECT_AT {
+    if inflight.n_entries.load(Ordering::Relaxed) >= inflight.collect_at.load(Ordering::Relaxed) {
         collect::<B>();
     } else if !crate::runtime::stream::callback::in_callback() {
         crate::runtime::state::run_deferred::<B>();
     }
     let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0)
-        .then(|| inflight.captures.read_recursive());
+        .then(|| counted(inflight.captures.read_recursive()));
     let (record, capturing) = match &captures {
         // SAFETY: the caller keeps the handle live.
         Some(map) => unsafe { map.of(&target) },
@@ -305,50 +410,53 @@ impl<B: Runtime> Queueing<'_, B> {
     ///
     /// The runtime's error recording the event. The keeps are then held for good (the operation
     /// was queued, and nothing tells when it is done).
-    pub(crate) fn keep(self, keeps: Vec<Keep>, ranges: Vec<Range>) -> Result<()> {
+    pub(crate) fn keep(self, keeps: impl IntoIterator<Item = Keep<B>>, ranges: &[Range]) -> Result<()> {
         let inflight = &B::globals().inflight;
+        let keeps = Keeps::new(keeps);
         if self.capturing {
             let record =
                 self.record.and_then(|r| self.captures.as_ref().and_then(|map| map.by_stream.get(&r)));
             match record {
                 Some(record) => {
                     let origin = self.record.unwrap_or(self.target.identity);
-                    record.lock().add::<B>(keeps, ranges, self.target.identity, origin);
+                    record.lock().add(keeps, ranges, self.target.identity, origin);
                 }
-                None => inflight.orphans.lock().extend(keeps),
+                None => counted(inflight.orphans.lock()).extend(keeps.into_iter()),
             }
             return Ok(());
         }
         drop(self.captures);
-        let entries = self.entries;
-        let event = match spare_event::<B>(self.target.device) {
-            Ok(e) => e,
+        // One lock from the ordering decision (or from here, for an operation on no bytes) until
+        // the entry is in: the spare event is taken and recorded under it.
+        let mut entries = self.entries.unwrap_or_else(|| counted(inflight.entries.lock()));
+        let device = self.target.device;
+        let spare = entries.spare.iter().position(|e| e.device_id() == device);
+        let event = match spare.map(|i| entries.spare.swap_remove(i)) {
+            Some(e) => Ok(e),
+            None => {
+                Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() })
+            }
+        };
+        #[cfg(test)]
+        probe::EVENTS.with(|n| n.set(n.get() + 1));
+        let recorded = event.and_then(|event| {
+            // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
+            unsafe { B::event_record(device, event.raw(), self.target.handle) }.map(|()| event)
+        });
+        let event = match recorded {
+            Ok(event) => event,
             Err(e) => {
-                inflight.orphans.lock().extend(keeps);
+                drop(entries);
+                // The operation was queued, and nothing tells when it is done: held for good.
+                counted(inflight.orphans.lock()).extend(keeps.into_iter());
                 return Err(e);
             }
         };
-        // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
-        if let Err(e) = unsafe { B::event_record(self.target.device, event.raw(), self.target.handle) } {
-            inflight.orphans.lock().extend(keeps);
-            return Err(e);
-        }
-        let mut entries = entries.unwrap_or_else(|| inflight.entries.lock());
+        let ranges = Ranges::new(ranges);
         entries.by_stream.entry(self.target.identity).or_default().push_back(Entry { event, keeps, ranges });
         entries.len += 1;
         inflight.n_entries.store(entries.len, Ordering::Release);
         Ok(())
-    }
-}
-
-fn spare_event<B: Runtime>(device: DeviceId) -> Result<Event<B>> {
-    let reused = {
-        let mut spare = B::globals().inflight.spare.lock();
-        spare.iter().position(|e| e.device_id() == device).map(|i| spare.swap_remove(i))
-    };
-    match reused {
-        Some(e) => Ok(e),
-        None => Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() }),
     }
 }
 
@@ -360,40 +468,40 @@ pub(crate) fn collect<B: Runtime>() {
     }
     let inflight = &B::globals().inflight;
     if inflight.n_entries.load(Ordering::Acquire) > 0 {
-        let done: Vec<Entry<B>> = {
-            let mut entries = inflight.entries.lock();
+        // What finished work kept, and the events beyond the spare ones kept: dropped outside
+        // the lock (a drop may free memory or destroy an event).
+        let mut surplus: Vec<Event<B>> = Vec::new();
+        let released = {
+            let mut entries = counted(inflight.entries.lock());
+            let mut released: Vec<Keeps<B>> = Vec::with_capacity(entries.len);
+            let queues = &mut *entries;
             // A pass asks the runtime once per finished entry and once per stream.
-            let mut done = Vec::new();
-            entries.by_stream.retain(|_, queue| {
+            queues.by_stream.retain(|_, queue| {
                 while queue.front().is_some_and(|e| e.event.query().unwrap_or(false)) {
-                    done.extend(queue.pop_front());
+                    if let Some(entry) = queue.pop_front() {
+                        released.push(entry.keeps);
+                        if queues.spare.len() < SPARE_EVENTS {
+                            queues.spare.push(entry.event);
+                        } else {
+                            surplus.push(entry.event);
+                        }
+                    }
                 }
                 !queue.is_empty()
             });
-            entries.len -= done.len();
-            inflight.n_entries.store(entries.len, Ordering::Release);
-            done
+            queues.len -= released.len();
+            inflight.n_entries.store(queues.len, Ordering::Release);
+            inflight.collect_at.store(COLLECT_AT.max(queues.len.saturating_mul(2)), Ordering::Relaxed);
+            released
         };
-        release(done);
+        drop(released);
+        drop(surplus);
     }
     crate::runtime::state::run_deferred::<B>();
 }
 
-/// Drops finished entries outside every lock (a drop may free memory) and keeps their events.
-fn release<B: Runtime>(done: Vec<Entry<B>>) {
-    if done.is_empty() {
-        return;
-    }
-    let mut events = Vec::with_capacity(done.len());
-    for entry in done {
-        events.push(entry.event);
-        drop(entry.keeps);
-    }
-    let mut spare = B::globals().inflight.spare.lock();
-    if spare.len() < 256 {
-        spare.extend(events);
-    }
-}
+/// At most this many events of released entries are kept for the next entries.
+const SPARE_EVENTS: usize = 256;
 
 /// After a successful `synchronize` of a stream: what its finished work kept goes. Each entry's
 /// own event decides (not the stream's identity: a destroyed stream's handle value may be a new
@@ -441,7 +549,7 @@ struct Busy<B: Runtime> {
 impl<B: Runtime> Drop for Busy<B> {
     fn drop(&mut self) {
         let inflight = &B::globals().inflight;
-        inflight.entries.lock().busy.retain(|(id, _)| *id != self.id);
+        counted(inflight.entries.lock()).busy.retain(|(id, _)| *id != self.id);
         inflight.access_ended.notify_all();
     }
 }
@@ -452,7 +560,8 @@ pub(crate) fn wait_all<B: Runtime>() {
     if crate::runtime::stream::callback::in_callback() {
         return;
     }
-    let events: Vec<Event<B>> = B::globals().inflight.entries.lock().all().map(|e| e.event.clone()).collect();
+    let events: Vec<Event<B>> =
+        counted(B::globals().inflight.entries.lock()).all().map(|e| e.event.clone()).collect();
     for e in events {
         // A failed wait (a lost device) leaves the entry for `collect` to judge.
         let _ = e.synchronize();
@@ -470,7 +579,7 @@ pub(crate) fn begin_capture<B: Runtime>(
         return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
     }
     let inflight = &B::globals().inflight;
-    let mut map = inflight.captures.write();
+    let mut map = counted(inflight.captures.write());
     let id = start()?;
     map.by_stream.insert(identity, Mutex::new(CaptureRecord::default()));
     if let Some(id) = id {
@@ -486,12 +595,12 @@ pub(crate) fn begin_capture<B: Runtime>(
 pub(crate) fn end_capture<B: Runtime, G>(
     identity: ArenaKey,
     end: impl FnOnce() -> Result<G>,
-) -> Result<(G, CaptureRecord)> {
+) -> Result<(G, CaptureRecord<B>)> {
     if crate::runtime::stream::callback::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "end_capture" });
     }
     let inflight = &B::globals().inflight;
-    let mut map = inflight.captures.write();
+    let mut map = counted(inflight.captures.write());
     let result = end();
     let record = map.by_stream.remove(&identity).map(Mutex::into_inner).unwrap_or_default();
     map.by_id.retain(|_, origin| *origin != identity);
@@ -512,13 +621,13 @@ pub(crate) fn end_capture<B: Runtime, G>(
 /// the capture lock, so a concurrent `begin_capture` cannot come between.
 pub(crate) fn with_capture_of<B: Runtime, T>(
     target: Target<B>,
-    f: impl FnOnce(Option<&mut CaptureRecord>, bool) -> Result<T>,
+    f: impl FnOnce(Option<&mut CaptureRecord<B>>, bool) -> Result<T>,
 ) -> Result<T> {
     let inflight = &B::globals().inflight;
     if !B::CAPS.capture {
         return f(None, false);
     }
-    let map = inflight.captures.read_recursive();
+    let map = counted(inflight.captures.read_recursive());
     // SAFETY: `with_capture_of`'s callers pass a handle live for this call.
     let (record, capturing) = unsafe { map.of(&target) };
     match record.and_then(|r| map.by_stream.get(&r)) {
@@ -546,13 +655,13 @@ pub(crate) fn reuse_in_capture<B: Runtime>(
     pool_uid: usize,
     size: usize,
 ) -> Option<Arc<dyn BaseMemory<B>>> {
-    let map = B::globals().inflight.captures.read_recursive();
+    let map = counted(B::globals().inflight.captures.read_recursive());
     let record = map.by_stream.get(&target.identity)?.lock();
     if record.forked {
         return None;
     }
     record.memory.values().filter(|m| m.only_origin).find_map(|m| {
-        let mem = m.keep.downcast_ref::<Arc<dyn BaseMemory<B>>>()?;
+        let mem = &m.mem;
         // Only the record holds it (under the record's lock nothing else can take a reference).
         let free = Arc::strong_count(mem) == 1;
         (free && mem.size() == size && mem.device_id() == device && mem.pool_uid() == Some(pool_uid))
@@ -570,7 +679,7 @@ pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
     if !any_capture::<B>() {
         return;
     }
-    let map = B::globals().inflight.captures.read_recursive();
+    let map = counted(B::globals().inflight.captures.read_recursive());
     // SAFETY: the caller keeps the handle live.
     let (record, capturing) = unsafe { map.of(target) };
     match record {
@@ -587,6 +696,6 @@ pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
 }
 
 /// Holds `keep` for good: for what a foreign capture may reach.
-pub(crate) fn keep_forever<B: Runtime>(keep: Keep) {
-    B::globals().inflight.orphans.lock().push(keep);
+pub(crate) fn keep_forever<B: Runtime>(keep: Keep<B>) {
+    counted(B::globals().inflight.orphans.lock()).push(keep);
 }

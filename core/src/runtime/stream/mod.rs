@@ -17,6 +17,8 @@ pub(crate) mod callback;
 pub mod event;
 pub mod graph;
 pub(crate) mod inflight;
+#[cfg(test)]
+mod tests;
 
 use callback::HostFnData;
 pub use event::Event;
@@ -483,7 +485,7 @@ impl<B: Runtime> Stream<B> {
                 unsafe { B::launch_host_func(dev, self.inner.handle, callback::shared_trampoline, ptr)? };
                 match record {
                     Some(record) => record.host_fns.push(data),
-                    None => inflight::keep_forever::<B>(data),
+                    None => inflight::keep_forever::<B>(inflight::Keep::Other(data)),
                 }
                 return Ok(());
             }

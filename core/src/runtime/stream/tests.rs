@@ -1,0 +1,203 @@
+//! What the ownership model ([`inflight`](super::inflight)) costs an eager asynchronous operation
+//! on the host backend, counted on the calling thread: heap allocations (a counting global
+//! allocator, against the raw backend call on the same bytes), acquisitions of the registry's
+//! process-wide locks and the events it records ([`inflight::probe`](super::inflight::probe)).
+//! Run with `cargo test -p gpumem-core --lib stream::tests -- --nocapture` to see the figures.
+
+#![allow(unsafe_code)] // the counting global allocator implements the unsafe `GlobalAlloc`
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use super::inflight::probe;
+use crate::hal::MemoryOps;
+use crate::host::Host;
+use crate::{alloc, MemoryPointer, Stream};
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+/// The system allocator, counting each thread's allocations (and reallocations) on that thread.
+struct Counting;
+
+fn count_allocation() {
+    // A const thread-local of a `Cell<u64>` has no destructor: this neither allocates nor fails
+    // while the thread is being torn down (`try_with` covers the end anyway).
+    let _ = ALLOCATIONS.try_with(|n| n.set(n.get() + 1));
+}
+
+// SAFETY: every call forwards to `System` with the caller's arguments; counting touches only a
+// thread-local cell.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        // SAFETY: the caller's promise for `alloc`, passed on.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        count_allocation();
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        count_allocation();
+        // SAFETY: as above; `ptr` came from `System` through this allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static GLOBAL: Counting = Counting;
+
+/// What `ops` operations cost the calling thread, per operation.
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Cost {
+    allocations: f64,
+    locks: f64,
+    events: f64,
+}
+
+fn cost(ops: usize, f: impl FnOnce()) -> Cost {
+    let allocations = ALLOCATIONS.with(Cell::get);
+    let (locks, events) = probe::counts();
+    f();
+    let (locks_after, events_after) = probe::counts();
+    let per_op = |n: u64| n as f64 / ops as f64;
+    Cost {
+        allocations: per_op(ALLOCATIONS.with(Cell::get) - allocations),
+        locks: per_op(locks_after - locks),
+        events: per_op(events_after - events),
+    }
+}
+
+const OPS: usize = 256;
+const SIZE: usize = 4096;
+
+fn at(p: &MemoryPointer<Host>, i: usize) -> MemoryPointer<Host> {
+    p + (i * SIZE) as isize
+}
+
+/// One row of the figures: gpumem's cost, the raw call's, and what gpumem adds.
+fn report(what: &str, ours: Cost, raw: Cost) {
+    eprintln!(
+        "{what}: {:.2} heap allocations per operation (raw call {:.2}, added {:.2}), {:.2} \
+         process-wide locks, {:.2} events recorded",
+        ours.allocations,
+        raw.allocations,
+        ours.allocations - raw.allocations,
+        ours.locks,
+        ours.events
+    );
+}
+
+#[test]
+fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
+    let s = Stream::<Host>::non_blocking().unwrap();
+    // `own` and `src` are lent by the pool of `s` (their own stream), `other` by the null
+    // stream's.
+    s.use_stream().unwrap();
+    let (own, src) = (alloc::<Host>(OPS * SIZE).unwrap(), alloc::<Host>(OPS * SIZE).unwrap());
+    Stream::<Host>::null().use_stream().unwrap();
+    let other = alloc::<Host>(OPS * SIZE).unwrap();
+    let (device, handle) = (own.device_id(), s.handle());
+
+    let memset = |p: &MemoryPointer<Host>| {
+        for i in 0..OPS {
+            at(p, i).memset_async(i as u8, SIZE, Some(&s)).unwrap();
+        }
+    };
+    let raw_memset = |p: &MemoryPointer<Host>| {
+        for i in 0..OPS {
+            // SAFETY: the range lies in `p`'s memory, which lives until the stream is
+            // synchronised below; `handle` is the live stream `s`.
+            unsafe { Host::memset_async(device, p.ptr() + i * SIZE, i as u8, SIZE, handle) }.unwrap();
+        }
+    };
+    let copy = || {
+        for i in 0..OPS {
+            at(&own, i).copy_from_device_async(&at(&src, i), SIZE, Some(&s)).unwrap();
+        }
+    };
+    let raw_copy = || {
+        for i in 0..OPS {
+            // SAFETY: as above, for both ranges.
+            unsafe { Host::memcpy_async(device, own.ptr() + i * SIZE, src.ptr() + i * SIZE, SIZE, handle) }
+                .unwrap();
+        }
+    };
+
+    // Once, so that the pointers are shared and spare events exist: the steady state is measured.
+    memset(&own);
+    memset(&other);
+    copy();
+    s.synchronize().unwrap();
+
+    let mut rows = Vec::new();
+    for (what, p) in
+        [("memset_async, the memory's own stream", &own), ("memset_async, another stream", &other)]
+    {
+        let ours = cost(OPS, || memset(p));
+        s.synchronize().unwrap();
+        let raw = cost(OPS, || raw_memset(p));
+        s.synchronize().unwrap();
+        rows.push((what, ours, raw));
+    }
+    let ours = cost(OPS, copy);
+    s.synchronize().unwrap();
+    let raw = cost(OPS, raw_copy);
+    s.synchronize().unwrap();
+    rows.push(("copy_from_device_async, the memory's own stream", ours, raw));
+
+    for (what, ours, raw) in rows {
+        report(what, ours, raw);
+        // The registry's price, whichever the stream: an event recorded on every operation, one
+        // process-wide lock (and one more on each 16th operation, which releases finished
+        // entries), and no heap allocation of its own beyond the host backend's queued event
+        // record (one per operation) and the release's.
+        assert_eq!(ours.events, 1.0, "{what}: one event per operation");
+        assert!((1.0..1.2).contains(&ours.locks), "{what}: {ours:?}");
+        assert!(ours.allocations - raw.allocations < 1.5, "{what}: {ours:?} against {raw:?}");
+        assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
+    }
+}
+
+/// Work that cannot finish (its stream waits in a host function) lets operations pile up: each
+/// release finds nothing finished, so the next one waits until twice as many wait, and queueing
+/// stays at about one lock per operation (it was two once 16 waited: every operation released).
+#[test]
+fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
+    let s = Stream::<Host>::non_blocking().unwrap();
+    let p = {
+        let _current = s.enter().unwrap();
+        alloc::<Host>(OPS * SIZE).unwrap()
+    };
+    let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
+    let held = std::sync::Arc::clone(&gate);
+    s.launch_host_func(move || {
+        let (open, opened) = &*held;
+        let mut open = open.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        while !*open {
+            open = opened.wait(open).unwrap_or_else(std::sync::PoisonError::into_inner);
+        }
+    })
+    .unwrap();
+    let behind = cost(OPS, || {
+        for i in 0..OPS {
+            at(&p, i).memset_async(1, SIZE, Some(&s)).unwrap();
+        }
+    });
+    *gate.0.lock().unwrap() = true;
+    gate.1.notify_all();
+    s.synchronize().unwrap();
+    eprintln!(
+        "memset_async behind a waiting host function: {:.2} process-wide locks, {:.2} events recorded",
+        behind.locks, behind.events
+    );
+    assert_eq!(behind.events, 1.0);
+    assert!(behind.locks < 1.2, "{behind:?}");
+}
