@@ -1336,7 +1336,11 @@ fn with_expandable_segments_a_miss_grows_the_home_arenas_block() {
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn shared_across_streams_the_random_trace_holds_as_on_one_stream() {
     let steps = trace::standard_random();
-    let shared = trace::ReplayOptions { expandable: true, share_across_streams: true, marks: Vec::new() };
+    let shared = trace::ReplayOptions {
+        expandable: true,
+        share_across_streams: true,
+        ..trace::ReplayOptions::default()
+    };
     let r = trace::replay_with(&steps, GrowthPolicy::Segments, shared).unwrap();
     let one = trace::replay_expandable(&trace::on_one_stream(&steps), GrowthPolicy::Segments).unwrap();
     let apart = trace::replay_expandable(&steps, GrowthPolicy::Segments).unwrap();

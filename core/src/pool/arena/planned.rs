@@ -112,11 +112,12 @@ impl<K: RawBlock> ArenaState<K> {
         Some(Lent { slot, ptr: target })
     }
 
-    /// A free chunk of exactly `size` bytes (a request of `requested`), if the arena has one: how
-    /// the pool lends while the planner records, so that an allocation that outlives the loop
-    /// pins no block it shares with the loop's transient ones.
-    pub(crate) fn take_exact(&mut self, size: usize, requested: usize) -> Option<Lent> {
-        let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, size)?;
+    /// The best-fitting free chunk of `size` to `max` bytes for a request of `size` bytes (of
+    /// `requested`), if the arena has one: how the pool lends while the planner records (`max`
+    /// is `size`, or with expandable segments `size` in whole granules), so that an allocation
+    /// that outlives the loop pins no block it shares with the loop's transient ones.
+    pub(crate) fn take_within(&mut self, size: usize, max: usize, requested: usize) -> Option<Lent> {
+        let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
         Some(self.lend_slot(slot, found, size, requested))
     }
 

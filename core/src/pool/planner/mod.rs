@@ -298,6 +298,7 @@ impl<R: RawAllocator> Pool<R> {
     /// The raw allocator's errors other than running out of memory while allocating a plan's
     /// block (then the plan is not put in force, and the loop is recorded again).
     pub fn step(&self) -> Result<()> {
+        hooks::observe(hooks::Observed::Step { device_id: self.shared.device }, 0);
         match self.shared.planner.step() {
             Action::Nothing => Ok(()),
             Action::Install { generation, blocks } => self.install_plan(generation, &blocks),
@@ -394,13 +395,20 @@ impl<R: RawAllocator> Pool<R> {
         }
     }
 
-    /// Releases the whole free blocks of arena `key` other than its plan block.
+    /// Releases the whole free blocks of arena `key` other than its plan block, and with
+    /// expandable segments the free tails of its growing blocks (as `free_all_blocks` does).
     fn release_whole_ordinary_blocks(&self, key: ArenaKey) {
         let arena = self.arena_in_map(key);
         let mut released = Vec::new();
         let bytes = {
             let mut st = arena.state.lock();
-            st.release_free_blocks_of(0, &mut released) + st.release_free_blocks_of(1, &mut released)
+            let mut cut = 0;
+            if self.expandable_segments() {
+                let (allocator, granule) = (&self.shared.allocator, self.shared.allocator.granule().max(1));
+                // A failed unmap keeps the tail: it stays cached and lendable.
+                cut = st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
+            }
+            cut + st.release_free_blocks_of(0, &mut released) + st.release_free_blocks_of(1, &mut released)
         };
         self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.observe_raw_frees(key, &released);
@@ -422,17 +430,27 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
         hooked: bool,
     ) -> Result<PooledMemory<R>> {
+        let mut block_len = mem_size;
         if self.expandable_segments() {
-            return self.lend_pooled(size, mem_size, key, cache, hooked);
+            // Blocks map whole granules: small requests share the growing block as the pool's
+            // rules have it; large ones get blocks of their own, in whole granules.
+            let granule = self.shared.allocator.granule().max(1);
+            if mem_size <= super::policy::SMALL_REQUEST {
+                return self.lend_pooled(size, mem_size, key, cache, hooked);
+            }
+            block_len = match mem_size.checked_next_multiple_of(granule) {
+                Some(len) => len,
+                None => return self.lend_pooled(size, mem_size, key, cache, hooked),
+            };
         }
         self.collect_fenced(false);
         let arena = self.arena(key, cache);
-        let lent = arena.state.lock().take_exact(mem_size, size);
+        let lent = arena.state.lock().take_within(mem_size, block_len, size);
         if let Some(lent) = lent {
             return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
         }
         drop(arena);
-        let block = match self.reserve_and_allocate(mem_size, key, hooked) {
+        let block = match self.reserve_and_allocate(block_len, key, hooked) {
             Ok(block) => block,
             Err(e) if e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. }) => {
                 return self.lend_pooled(size, mem_size, key, cache, hooked);
@@ -447,7 +465,7 @@ impl<R: RawAllocator> Pool<R> {
                 continue;
             }
             let Some(block) = block.take() else { unreachable!("the block is lent once") };
-            let lent = st.lend_new_block(block, mem_size, mem_size, size);
+            let lent = st.lend_new_block(block, block_len, mem_size, size);
             drop(st);
             return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
         }
