@@ -459,6 +459,7 @@ fn training_steps(
 }
 
 #[test]
+#[cfg_attr(miri, ignore = "replays a thousand trace steps: too slow under Miri")]
 fn the_synthetic_training_trace_holds_within_two_percent_once_planned() {
     use super::super::trace::Step;
     let steps = training_steps(2, 64, 64, 10);
