@@ -35,7 +35,7 @@ use crate::error::{Error, Result};
 use crate::hooks;
 
 use super::sync::ArenaRef;
-use super::{ArenaCache, ArenaKey, Pool, PooledMemory, RawAllocator};
+use super::{Arena, ArenaCache, ArenaKey, Pool, PooledMemory, RawAllocator};
 use record::Iteration;
 use serve::Plan;
 
@@ -148,7 +148,11 @@ impl Planner {
                 Decision::Record(RECORDED | (iteration & 0xFF_FFFF) << 32 | u64::from(index))
             }
             Mode::Planned(plan) => match plan.on_malloc(size, key) {
-                Some(offset) => Decision::Serve(offset),
+                Some(offset) => {
+                    // Counted served now (one lock per allocation); `depart` takes it back.
+                    st.stats.served += 1;
+                    Decision::Serve(offset)
+                }
                 None => {
                     st.stats.departed += 1;
                     Decision::Pool
@@ -158,17 +162,14 @@ impl Planner {
         }
     }
 
-    /// A planned range was not free: the pool serves the allocation.
+    /// The planned range `on_malloc` gave was not free: the pool serves the allocation.
     fn depart(&self) {
         let mut st = self.state.lock();
+        st.stats.served -= 1;
         st.stats.departed += 1;
         if let Mode::Planned(plan) = &mut st.mode {
             plan.depart();
         }
-    }
-
-    fn served(&self) {
-        self.state.lock().stats.served += 1;
     }
 
     /// A recorded chunk (its tag) was freed.
@@ -415,6 +416,31 @@ impl<R: RawAllocator> Pool<R> {
         drop(released);
     }
 
+    /// `mem_size` bytes (a request of `size`) at `offset` of arena `key`'s plan block, if that
+    /// range is free: through the thread's arena cache as the cache hit goes, else the pool's map.
+    fn lend_at(
+        &self,
+        offset: usize,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> Option<PooledMemory<R>> {
+        let lend = |arena: &ArenaRef<Arena<R>>| {
+            let mut st = arena.get().state.lock();
+            if st.retired {
+                return None;
+            }
+            let lent = st.lend_planned(offset, mem_size, size)?;
+            drop(st);
+            Some(PooledMemory::lent(arena, lent, mem_size))
+        };
+        match cache.with::<Arena<R>, _>(self.shared.uid, key, lend) {
+            Some(Some(p)) => Some(p),
+            _ => lend(&ArenaRef::new(&self.arena(key, cache))),
+        }
+    }
+
     /// An allocation of an iteration being recorded: a free chunk of its exact size, else a raw
     /// block of its exact size. What outlives the loop (an optimizer's state, made in its first
     /// step) then pins no block that the loop's transient tensors shared, and once the plan is
@@ -485,19 +511,14 @@ impl<R: RawAllocator> Pool<R> {
         let planner = &self.shared.planner;
         match planner.on_malloc(mem_size, key) {
             Decision::Serve(offset) => {
-                for attempt in 0..2 {
-                    if attempt == 1 {
-                        // The range may be behind a fence that has completed.
-                        if !self.shared.any_fenced.load(Ordering::Acquire) {
-                            break;
-                        }
-                        self.collect_fenced(false);
-                    }
-                    let arena = self.arena(key, cache);
-                    let lent = arena.state.lock().lend_planned(offset, mem_size, size);
-                    if let Some(lent) = lent {
-                        planner.served();
-                        return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
+                if let Some(p) = self.lend_at(offset, size, mem_size, key, cache) {
+                    return Ok(p);
+                }
+                // The range may be behind a fence that has completed.
+                if self.shared.any_fenced.load(Ordering::Acquire) {
+                    self.collect_fenced(false);
+                    if let Some(p) = self.lend_at(offset, size, mem_size, key, cache) {
+                        return Ok(p);
                     }
                 }
                 planner.depart();

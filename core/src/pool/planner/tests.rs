@@ -489,3 +489,39 @@ fn the_synthetic_training_trace_holds_within_two_percent_once_planned() {
     let ratio = held as f64 / in_use as f64;
     assert!(ratio <= 1.02, "held {held} over in use {in_use}: {ratio}; {:?}", pool.plan_stats());
 }
+
+/// Counts the malloc and free hook calls of the thread it is installed on.
+#[derive(Default)]
+struct Counter(std::cell::Cell<(usize, usize)>);
+
+impl crate::hooks::MemoryHook for Counter {
+    fn name(&self) -> &str {
+        "counter"
+    }
+    fn malloc_postprocess(&self, _: &crate::hooks::MallocEvent) -> crate::hooks::HookResult {
+        let (m, f) = self.0.get();
+        self.0.set((m + 1, f));
+        Ok(())
+    }
+    fn free_postprocess(&self, _: &crate::hooks::FreeEvent) -> crate::hooks::HookResult {
+        let (m, f) = self.0.get();
+        self.0.set((m, f + 1));
+        Ok(())
+    }
+}
+
+#[test]
+fn with_a_hook_installed_planned_allocations_are_served_between_the_hooks() {
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    let hook = crate::hooks::install(Counter::default()).unwrap();
+    let mut live = HashMap::new();
+    pool.step().unwrap();
+    let stats = plan(&pool, &cache, &closed_loop(), &mut live);
+    let calls = raw_calls(&allocator);
+    let before = hook.0.get();
+    run(&pool, &cache, &closed_loop(), &mut live);
+    pool.step().unwrap();
+    assert_eq!(hook.0.get(), (before.0 + 5, before.1 + 5), "every allocation and free seen");
+    assert_eq!(pool.plan_stats().served - stats.served, 5);
+    assert_eq!(raw_calls(&allocator), calls);
+}
