@@ -165,7 +165,7 @@ impl Planner {
     /// The planned range `on_malloc` gave was not free: the pool serves the allocation.
     fn depart(&self) {
         let mut st = self.state.lock();
-        st.stats.served -= 1;
+        st.stats.served = st.stats.served.saturating_sub(1);
         st.stats.departed += 1;
         if let Mode::Planned(plan) = &mut st.mode {
             plan.depart();
@@ -285,6 +285,11 @@ impl Planner {
     }
 }
 
+/// Whether `e` is a want of memory (the device's or the limit's), which a plan waits out.
+fn is_out_of_memory(e: &Error) -> bool {
+    e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. })
+}
+
 impl<R: RawAllocator> Pool<R> {
     /// Marks an iteration boundary of the loop that uses this pool (the end of a training step,
     /// of a batch served). The first call turns planning on: the pool records the allocations and
@@ -309,8 +314,12 @@ impl<R: RawAllocator> Pool<R> {
                         self.release_whole_ordinary_blocks(key);
                     }
                     if self.arena_in_map(key).state.lock().plan_block().is_none() {
-                        // `free_all_blocks` released it while it was all free.
-                        self.add_plan_block(key, size)?;
+                        // `free_all_blocks` released it while it was all free. Without memory
+                        // for it now, the iterations depart until a step finds memory.
+                        match self.add_plan_block(key, size) {
+                            Err(e) if !is_out_of_memory(&e) => return Err(e),
+                            _ => {}
+                        }
                     }
                 }
                 Ok(())
@@ -346,11 +355,7 @@ impl<R: RawAllocator> Pool<R> {
                 Err(e) => {
                     self.shared.planner.install_failed(generation);
                     self.unplan(&done);
-                    return if e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. }) {
-                        Ok(())
-                    } else {
-                        Err(e)
-                    };
+                    return if is_out_of_memory(&e) { Ok(()) } else { Err(e) };
                 }
             }
         }
@@ -478,9 +483,7 @@ impl<R: RawAllocator> Pool<R> {
         drop(arena);
         let block = match self.reserve_and_allocate(block_len, key, hooked) {
             Ok(block) => block,
-            Err(e) if e.is_out_of_memory() || matches!(e, Error::LimitExceeded { .. }) => {
-                return self.lend_pooled(size, mem_size, key, cache, hooked);
-            }
+            Err(e) if is_out_of_memory(&e) => return self.lend_pooled(size, mem_size, key, cache, hooked),
             Err(e) => return Err(e),
         };
         let mut block = Some(block);

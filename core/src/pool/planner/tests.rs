@@ -525,3 +525,26 @@ fn with_a_hook_installed_planned_allocations_are_served_between_the_hooks() {
     assert_eq!(pool.plan_stats().served - stats.served, 5);
     assert_eq!(raw_calls(&allocator), calls);
 }
+
+#[test]
+fn a_plan_without_room_under_the_limit_waits_and_the_loop_runs_on() {
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    // The loop's peak in use is 21504 bytes; with the gradient of the iteration before still
+    // live in the pool's own block at the step that would put the plan in force, the plan's
+    // block does not fit beside it.
+    pool.set_limit(22_000);
+    let mut live = HashMap::new();
+    pool.step().unwrap();
+    run(&pool, &cache, &first_of_small_loop(), &mut live);
+    pool.step().unwrap();
+    for _ in 0..6 {
+        run(&pool, &cache, &small_loop(), &mut live);
+        pool.step().unwrap();
+        assert!(pool.total_bytes() <= 22_000);
+    }
+    let stats = pool.plan_stats();
+    assert_eq!((stats.state, stats.plans, stats.served), (PlanState::Recording, 0, 0), "{stats:?}");
+    drop(live);
+    pool.free_all_blocks(None);
+    assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0);
+}
