@@ -63,7 +63,7 @@ impl RawAllocator for Mock {
 }
 
 /// A fence that completes when its flag is set (or when waited for).
-struct Flag(Arc<AtomicBool>);
+pub(super) struct Flag(pub(super) Arc<AtomicBool>);
 
 impl Fence for Flag {
     fn is_complete(&self) -> bool {

@@ -314,15 +314,24 @@ impl<K: RawBlock> ArenaState<K> {
 
     #[cold]
     fn split(&mut self, slot: u32, size: usize, found: usize) {
+        debug_assert_eq!(self.chunks[slot as usize].size, found);
+        let rest = self.cut(slot, size);
+        self.mark_free(rest);
+    }
+
+    /// Cuts chunk `slot` after its first `keep` bytes; the rest is a new free chunk, in no free
+    /// index yet, whose slot is returned.
+    fn cut(&mut self, slot: u32, keep: usize) -> u32 {
         let head = self.chunks[slot as usize];
+        debug_assert!(keep > 0 && keep < head.size);
         let rest = self.new_slot(Chunk {
-            ptr: head.ptr + size,
-            size: found - size,
+            ptr: head.ptr + keep,
+            size: head.size - keep,
             block: head.block,
             prev: slot,
             next: head.next,
             state: State::Free,
-            bin: bin_for(found - size),
+            bin: bin_for(head.size - keep),
             class: head.class,
             slack: 0,
         });
@@ -330,8 +339,8 @@ impl<K: RawBlock> ArenaState<K> {
             self.chunks[head.next as usize].prev = rest;
         }
         self.chunks[slot as usize].next = rest;
-        self.resize(slot, size);
-        self.mark_free(rest);
+        self.resize(slot, keep);
+        rest
     }
 
     /// Adds a new raw block, of which the pool asked for (and counts) `whole` bytes, and lends its
@@ -347,10 +356,9 @@ impl<K: RawBlock> ArenaState<K> {
         self.lend_block(mem, whole, size, requested, false)
     }
 
-    fn lend_block(&mut self, mem: K, whole: usize, size: usize, requested: usize, raw: bool) -> Lent {
-        let ptr = mem.address();
-        debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
-        let block = match self.vacant_blocks.pop() {
+    /// Keeps raw block `mem` in a vacant block number, or a new one; returns the number.
+    fn store_block(&mut self, mem: K) -> u32 {
+        match self.vacant_blocks.pop() {
             Some(b) => {
                 self.blocks[b as usize] = Some(mem);
                 b
@@ -359,7 +367,13 @@ impl<K: RawBlock> ArenaState<K> {
                 self.blocks.push(Some(mem));
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks in one arena")
             }
-        };
+        }
+    }
+
+    fn lend_block(&mut self, mem: K, whole: usize, size: usize, requested: usize, raw: bool) -> Lent {
+        let ptr = mem.address();
+        debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
+        let block = self.store_block(mem);
         // A block larger than the request (a policy's rounding) is cut as a cache hit would cut it.
         let class = policy::class(size, self.segmented) as u8;
         let slot = self.new_slot(Chunk {

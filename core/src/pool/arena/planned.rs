@@ -34,16 +34,7 @@ impl<K: RawBlock> ArenaState<K> {
         let old = self.unplan();
         let base = mem.address();
         debug_assert!(whole.is_multiple_of(super::super::UNIT) && whole > 0);
-        let block = match self.vacant_blocks.pop() {
-            Some(b) => {
-                self.blocks[b as usize] = Some(mem);
-                b
-            }
-            None => {
-                self.blocks.push(Some(mem));
-                u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks in one arena")
-            }
-        };
+        let block = self.store_block(mem);
         let head = self.new_slot(Chunk {
             ptr: base,
             size: whole,
@@ -119,30 +110,6 @@ impl<K: RawBlock> ArenaState<K> {
     pub(crate) fn take_within(&mut self, size: usize, max: usize, requested: usize) -> Option<Lent> {
         let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
         Some(self.lend_slot(slot, found, size, requested))
-    }
-
-    /// Cuts free chunk `slot` (out of its free index) after its first `keep` bytes; the rest is
-    /// a new free chunk, out of the index too, whose slot is returned.
-    fn cut(&mut self, slot: u32, keep: usize) -> u32 {
-        let head = self.chunks[slot as usize];
-        debug_assert!(head.state == State::Free && keep > 0 && keep < head.size);
-        let rest = self.new_slot(Chunk {
-            ptr: head.ptr + keep,
-            size: head.size - keep,
-            block: head.block,
-            prev: slot,
-            next: head.next,
-            state: State::Free,
-            bin: bin_for(head.size - keep),
-            class: head.class,
-            slack: 0,
-        });
-        if head.next != NIL {
-            self.chunks[head.next as usize].prev = rest;
-        }
-        self.chunks[slot as usize].next = rest;
-        self.resize(slot, keep);
-        rest
     }
 
     /// Makes the plan's block an ordinary block of the arena (the plan is dropped): its free

@@ -486,18 +486,7 @@ impl<R: RawAllocator> Pool<R> {
             Err(e) if is_out_of_memory(&e) => return self.lend_pooled(size, mem_size, key, cache, hooked),
             Err(e) => return Err(e),
         };
-        let mut block = Some(block);
-        loop {
-            let arena = self.arena(key, cache);
-            let mut st = arena.state.lock();
-            if st.retired {
-                continue;
-            }
-            let Some(block) = block.take() else { unreachable!("the block is lent once") };
-            let lent = st.lend_new_block(block, block_len, mem_size, size);
-            drop(st);
-            return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
-        }
+        Ok(self.lend_from_new_block(block, block_len, size, mem_size, key, cache))
     }
 
     /// A miss while planning is on (see [`Planner::is_on`]): served from the plan, or by the pool

@@ -7,8 +7,9 @@ use std::sync::Arc;
 
 use proptest::prelude::*;
 
+use super::super::tests::Flag;
 use super::super::trace::CountingAllocator;
-use super::super::{ArenaCache, ArenaKey, Fence, GrowthPolicy, Pool, PooledMemory, UNIT};
+use super::super::{ArenaCache, ArenaKey, GrowthPolicy, Pool, PooledMemory, UNIT};
 use super::{PlanState, PlanStats};
 
 type Chunk = PooledMemory<CountingAllocator>;
@@ -267,18 +268,6 @@ fn a_released_plan_block_is_allocated_again_at_the_next_step() {
     pool.step().unwrap();
     let now = pool.plan_stats();
     assert_eq!((now.served - stats.served, now.departed), (5, 0));
-}
-
-/// A fence that completes when its flag is set.
-struct Flag(Arc<AtomicBool>);
-
-impl Fence for Flag {
-    fn is_complete(&self) -> bool {
-        self.0.load(Ordering::Acquire)
-    }
-    fn wait(&self) {
-        self.0.store(true, Ordering::Release);
-    }
 }
 
 #[test]
