@@ -36,7 +36,9 @@
 //! This file holds the pool's types and its hit path (`malloc`, `try_hit`, the miss's order of
 //! resorts in `lend_slow`); a miss that must grow the pool is in `grow`, giving memory back in
 //! `release`, and the read side (bytes, statistics, snapshots) in `inspect`. One arena's chunks
-//! are in `arena`, a lent chunk and its way back in `chunk`.
+//! are in `arena`, a lent chunk and its way back in `chunk`. The plan learned from a loop that
+//! calls [`Pool::step`] is in `planner`: while planning is on, every allocation takes the miss
+//! path, which asks the planner first.
 //!
 //! The pool's logic is safe code; the two hot-path devices that need `unsafe` (the arena lock and
 //! the uncounted arena pointer) are in the `sync` module, with the invariant that makes them sound.
