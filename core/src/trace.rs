@@ -732,7 +732,7 @@ mod tests {
 
     #[test]
     #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
-    fn the_recorded_training_traces_hold_within_two_percent_once_planned() {
+    fn the_recorded_training_traces_hold_within_two_percent_once_planned_without_expandable_segments() {
         let fixtures = [
             ("GPT-2", include_str!("../tests/fixtures/gpt2-training.trace")),
             ("BERT", include_str!("../tests/fixtures/bert-finetuning.trace")),
@@ -753,6 +753,18 @@ mod tests {
                     plan.in_force_at, plan.peak_held, plan.peak_in_use, plan.ratio(), plan.raw_calls, r.ratio(), r.raw_allocs + r.raw_frees, plan.stats
                 );
                 assert!(plan.settled_at.is_some(), "{name} {policy:?}: {plan:?}");
+                assert_eq!(plan.raw_calls, 0, "{name} {policy:?}: no raw call once settled");
+                // With expandable segments, the long-lived tensors made while recording (the
+                // optimizer's state) keep blocks of whole granules each, and the small ones the
+                // growing block they were cut from: 1.034 (GPT-2) and 1.064 (BERT) once settled
+                // under Segments, 1.09 and 1.29 under HoldPeakInUse, whose growing blocks do not
+                // give back their middles.
+                let bound = match (expandable, policy) {
+                    (false, _) => 1.02,
+                    (true, GrowthPolicy::HoldPeakInUse) => 1.35,
+                    (true, _) => 1.07,
+                };
+                assert!(plan.ratio() <= bound && r.ratio() <= bound, "{name} {policy:?} {expandable}");
             }
         }
     }

@@ -27,7 +27,7 @@ mod serve;
 #[cfg(test)]
 mod tests;
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 
 use parking_lot::Mutex;
 
@@ -80,6 +80,8 @@ pub struct PlanStats {
 pub(super) struct Planner {
     /// Whether `step` was called: allocations then go through the planner.
     on: AtomicBool,
+    /// The most bytes in use at once at a recorded allocation's miss (see `hold_recorded_peak`).
+    recorded_peak: AtomicUsize,
     state: Mutex<State>,
 }
 
@@ -481,12 +483,27 @@ impl<R: RawAllocator> Pool<R> {
             return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
         }
         drop(arena);
+        self.hold_recorded_peak(block_len);
         let block = match self.reserve_and_allocate(block_len, key, hooked) {
             Ok(block) => block,
             Err(e) if is_out_of_memory(&e) => return self.lend_pooled(size, mem_size, key, cache, hooked),
             Err(e) => return Err(e),
         };
         Ok(self.lend_from_new_block(block, block_len, size, mem_size, key, cache))
+    }
+
+    /// Before a new block of `block_len` bytes while recording: the pool holds no more than the
+    /// most bytes in use at once so far (`HoldPeakInUse`'s rule), releasing cached whole blocks,
+    /// largest first, for that. Exact blocks shared by no two sizes would otherwise pile up over
+    /// the recorded iterations (a block per size at its most live), and the pool's peak would be
+    /// theirs, not the loop's.
+    fn hold_recorded_peak(&self, block_len: usize) {
+        let in_use = self.used_bytes().saturating_add(block_len);
+        let peak = self.shared.planner.recorded_peak.fetch_max(in_use, Ordering::Relaxed).max(in_use);
+        let excess = self.total_bytes().saturating_add(block_len).saturating_sub(peak);
+        if excess > 0 {
+            self.release_cached(excess);
+        }
     }
 
     /// A miss while planning is on (see [`Planner::is_on`]): served from the plan, or by the pool
