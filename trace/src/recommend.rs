@@ -265,6 +265,33 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+    fn a_marked_training_trace_adds_planned_rows_that_hold_within_two_percent() {
+        use gpumem::core::pool::trace as pool_trace;
+        let text = include_str!("../../core/tests/fixtures/gpt2-training.trace");
+        // The recorded steps, the last one repeated to ten (synthetic: three were recorded).
+        let (steps, marks) = pool_trace::repeat_last_iteration(
+            &pool_trace::parse(text).unwrap(),
+            &pool_trace::step_marks(text),
+            7,
+        );
+        let steps: Vec<Step> = steps
+            .into_iter()
+            .map(|s| match s {
+                pool_trace::Step::Alloc { id, size, stream } => Step::Alloc { id: id as usize, size, stream },
+                pool_trace::Step::Free { id } => Step::Free { id: id as usize },
+            })
+            .collect();
+        let r = recommend_marked(&steps, &marks).unwrap();
+        println!("GPT-2 training, last step repeated to ten:\n{}", r.render());
+        assert_eq!(r.candidates.len(), 16);
+        let planned =
+            r.candidates.iter().find(|c| c.setup() == "cache_until_out_of_memory + planned").unwrap();
+        assert!(planned.result.ratio <= 1.02, "{}", planned.result.ratio);
+        assert_eq!(planned.result.plan.as_ref().unwrap().raw_calls, 0);
+    }
+
+    #[test]
     fn several_streams_add_the_shared_set_ups_and_an_empty_trace_recommends_nothing() {
         let steps = vec![
             Step::Alloc { id: 0, size: 4096, stream: 0 },
