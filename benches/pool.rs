@@ -1,6 +1,7 @@
 //! The pool's hot path on the host backend: a cache hit (allocate + free of the same size), the
-//! cost of the hook check, the aggregate rate of threads each on its own stream, and the arena
-//! lock against `parking_lot`'s raw mutex.
+//! cost of the hook check, the aggregate rate of threads each on its own stream, the arena
+//! lock against `parking_lot`'s raw mutex, and an iteration of a loop served from the plan
+//! learned from it against the same iteration's cache hits.
 //!
 //! `cargo bench -p gpumem-benches --bench pool`
 
@@ -13,7 +14,8 @@ use std::time::{Duration, Instant};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use gpumem_core::host::Host;
 use gpumem_core::{
-    alloc, get_allocator, hooks, DeviceBuffer, MemoryHook, MemoryPointer, SingleDeviceMemoryPool, Stream,
+    alloc, get_allocator, hooks, DeviceBuffer, MemoryHook, MemoryPointer, PlanState, SingleDeviceMemoryPool,
+    Stream,
 };
 
 fn cache_hit(c: &mut Criterion) {
@@ -155,9 +157,39 @@ fn arena_lock(c: &mut Criterion) {
     g.finish();
 }
 
+/// One iteration of a loop (eight allocations of mixed sizes, freed in reverse): from the pool's
+/// cache, and served from the plan (with its `step()`), each allocation then going through the
+/// planner's lock and the walk to its offset instead of the free index.
+fn planned(c: &mut Criterion) {
+    const SIZES: [usize; 8] = [512, 4096, 1 << 20, 3 << 20, 512, 8192, 64 << 10, 2 << 20];
+    fn iteration(pool: &SingleDeviceMemoryPool<Host>) {
+        let live: Vec<_> = SIZES.iter().map(|&s| pool.malloc_pooled(black_box(s)).unwrap()).collect();
+        drop(black_box(live));
+    }
+    let mut g = c.benchmark_group("loop_iteration_8_allocations");
+    g.throughput(Throughput::Elements(SIZES.len() as u64));
+    let cached = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    iteration(&cached);
+    g.bench_function("cache hits", |b| b.iter(|| iteration(&cached)));
+    let planned = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    for _ in 0..4 {
+        iteration(&planned);
+        planned.pool().step().unwrap();
+    }
+    assert_eq!(planned.pool().plan_stats().state, PlanState::Planned);
+    g.bench_function("served from the plan, step() included", |b| {
+        b.iter(|| {
+            iteration(&planned);
+            planned.pool().step().unwrap();
+        })
+    });
+    assert_eq!(planned.pool().plan_stats().departed, 0);
+    g.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default().measurement_time(Duration::from_secs(3)).warm_up_time(Duration::from_secs(1));
-    targets = cache_hit, hook_check, threads, arena_lock
+    targets = cache_hit, hook_check, threads, arena_lock, planned
 }
 criterion_main!(benches);

@@ -106,6 +106,17 @@ ssize_t gpumem_snapshot_json(int device, char *buf, size_t len);
 /* The same as a pickle file torch.cuda._memory_viz opens. 0 or -1. */
 int gpumem_export_snapshot(int device, const char *path);
 
+/* A plan learned from the loop. gpumem_step(device) marks the end of an iteration (a training
+ * step, a served batch); the first call turns planning on. Once two iterations in a row make the
+ * same allocations in the same order, later iterations are served from one planned block with no
+ * driver call; anything that departs from the plan is served by the pool as before, with no
+ * error. 0, or -1 (unknown device, a device failure; no memory for the plan is not a failure).
+ * gpumem_reset_planning drops the plan and stops planning (0 or -1). gpumem_plan_state: 0 off,
+ * 1 recording, 2 a plan in force, -1 on failure. */
+int gpumem_step(int device);
+int gpumem_reset_planning(int device);
+int gpumem_plan_state(int device);
+
 /* Process-wide recording (every thread, every stream) into a trace file gpumem-trace reads.
  * start: 0 or -1; stop: the number of lines written, or -1. */
 int gpumem_recorder_start(const char *path);

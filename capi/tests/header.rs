@@ -7,12 +7,13 @@
 
 const RUST: &str = include_str!("../src/lib.rs");
 /// The files with entry points besides `lib.rs`.
-const MORE_RUST: [&str; 5] = [
+const MORE_RUST: [&str; 6] = [
     include_str!("../src/summary.rs"),
     include_str!("../src/snapshot.rs"),
     include_str!("../src/recorder.rs"),
     include_str!("../src/oom.rs"),
     include_str!("../src/record_stream.rs"),
+    include_str!("../src/step.rs"),
 ];
 const HEADER: &str = include_str!("../include/gpumem.h");
 

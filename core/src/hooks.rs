@@ -539,6 +539,12 @@ pub enum Observed {
     Free(FreeEvent),
     /// A raw block given back to the raw allocator (no CuPy hook has it).
     RawFree(AllocEvent),
+    /// An iteration boundary of the loop that uses the device's pool (`Pool::step`; no CuPy
+    /// hook has it): a recording marks it so that a replay can plan as the pool did.
+    Step {
+        /// The pool's device.
+        device_id: DeviceId,
+    },
 }
 
 /// One observed operation and the arena it belongs to.

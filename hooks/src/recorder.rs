@@ -10,8 +10,9 @@ use std::time::Instant;
 use gpumem_core::hooks::{self, Observation, Observed, ProcessObserver, ProcessObserverGuard};
 
 /// Records the operations of every thread's pools, process-wide, to a writer: one JSON line per
-/// raw allocation (`alloc`), pool allocation (`malloc`), free (`free`) and raw block given back
-/// (`raw_free`), each written after its operation.
+/// raw allocation (`alloc`), pool allocation (`malloc`), free (`free`), raw block given back
+/// (`raw_free`) and iteration boundary of the loop (`step`, from `Pool::step`), each written
+/// after its operation.
 ///
 /// Each line starts with the keys of CuPy's DebugPrintHook in CuPy's order, then adds the
 /// arena's stream (its raw handle, or the per-thread flag, 2⁶³, and the thread's number for a
@@ -167,6 +168,10 @@ impl<W: Write + Send + 'static> Recorder<W> {
                     "{{\"hook\":\"raw_free\",\"device_id\":{},\"mem_size\":{},\"mem_ptr\":{}",
                     e.device_id, e.mem_size, e.mem_ptr
                 );
+            }
+            Observed::Step { device_id } => {
+                let _ =
+                    write!(s, "{{\"hook\":\"step\",\"device_id\":{device_id},\"mem_size\":0,\"mem_ptr\":0");
             }
         }
         let time_ns = u64::try_from(self.start.elapsed().as_nanos()).unwrap_or(u64::MAX);

@@ -37,6 +37,9 @@ _SIGNATURES = {
     "gpumem_recorder_stop": (ctypes.c_int64, []),
     "gpumem_add_oom_observer": (c_int, [c_int, OOM_OBSERVER, c_void_p]),
     "gpumem_clear_oom_observers": (c_int, [c_int]),
+    "gpumem_step": (c_int, [c_int]),
+    "gpumem_reset_planning": (c_int, [c_int]),
+    "gpumem_plan_state": (c_int, [c_int]),
 }
 
 

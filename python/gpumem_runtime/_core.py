@@ -11,7 +11,7 @@ __all__ = [
     "set_growth_policy", "get_growth_policy", "set_limit", "set_limit_fraction", "get_limit",
     "free_all_blocks", "memory_stats", "memory_summary", "reset_peak_memory_stats", "snapshot",
     "export_snapshot", "start_recording", "stop_recording", "Recording", "add_oom_observer",
-    "clear_oom_observers",
+    "clear_oom_observers", "step", "reset_planning", "plan_state", "PLAN_STATES",
 ]
 
 
@@ -119,6 +119,31 @@ def free_all_blocks(device=0):
     """Releases ``device``'s cached free blocks to the device (PyTorch's ``empty_cache()``,
     CuPy's ``free_all_blocks()``); memory in use stays."""
     _check(lib.gpumem_free_all_blocks(device))
+
+
+def step(device=0):
+    """Marks the end of an iteration of the loop that allocates on ``device``: call it after each
+    training step (or served batch). The first call turns planning on: once two iterations in a
+    row make the same allocations in the same order, the next ones are served from one planned
+    block, with no call to the device's allocator and little more held than is in use. Whatever
+    departs from the plan (a new shape, another order) is served as without one, with no error,
+    and a loop that changes is planned again. A program that never calls it sees no change."""
+    _check(lib.gpumem_step(device))
+
+
+def reset_planning(device=0):
+    """Stops planning on ``device`` and drops its plan (its block becomes ordinary cached
+    memory); ``step()`` starts planning again."""
+    _check(lib.gpumem_reset_planning(device))
+
+
+#: What ``plan_state()`` returns: no ``step()`` yet, recording the loop, a plan in force.
+PLAN_STATES = ("off", "recording", "planned")
+
+
+def plan_state(device=0):
+    """Where ``device``'s planner stands: one of ``PLAN_STATES``."""
+    return PLAN_STATES[_check(lib.gpumem_plan_state(device))]
 
 
 def _text(fn, device):

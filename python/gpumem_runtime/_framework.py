@@ -53,6 +53,25 @@ class DeviceTools:
         """Removes the out-of-memory observers of ``device``."""
         _core.clear_oom_observers(self._resolve(device))
 
+    def planning(self):
+        """The methods of the plan learned from the loop, in the order the framework modules
+        bind them: step, reset_planning, plan_state."""
+        return (self.step, self.reset_planning, self.plan_state)
+
+    def step(self, device=None):
+        """Marks the end of an iteration of the training (or serving) loop: after two iterations
+        that repeat, the next ones are served from one planned block (see
+        gpumem_runtime.step)."""
+        _core.step(self._resolve(device))
+
+    def reset_planning(self, device=None):
+        """Stops planning and drops the plan (see gpumem_runtime.reset_planning)."""
+        _core.reset_planning(self._resolve(device))
+
+    def plan_state(self, device=None):
+        """``"off"``, ``"recording"`` or ``"planned"``."""
+        return _core.plan_state(self._resolve(device))
+
 
 def configure(policy, limit, devices):
     """Sets each device's growth policy and limit; either may be one value for every device or a

@@ -69,6 +69,9 @@ pub struct Timeline {
     /// Set when the raw bytes held exceed 2^64 - 1 (then `held` saturates): [`Timeline::stats`]
     /// reports [`Error::Overflow`].
     pub held_overflow: bool,
+    /// The iteration boundaries the program marked (`step` lines): for each, the step the
+    /// iteration after it begins at.
+    pub marks: Vec<usize>,
 }
 
 impl Timeline {
@@ -144,6 +147,7 @@ impl Timeline {
                     });
                     t.held.push((t.steps, held));
                 }
+                Hook::Step => t.marks.push(t.steps),
                 Hook::RawFree => {
                     t.raw_frees += 1;
                     match raw_live.remove(&(e.device_id, e.mem_ptr)) {

@@ -61,6 +61,10 @@ enum Command {
         /// Lend free memory across the trace's streams, as GPUMEM_SHARE_ACROSS_STREAMS=1 does.
         #[arg(long)]
         share_across_streams: bool,
+        /// Plan from the loop: tell the pool of each iteration at the trace's step lines, as the
+        /// program's gpumem_step calls did.
+        #[arg(long)]
+        plan: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -119,6 +123,37 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     );
     bar.set_message(what.to_owned());
     bar
+}
+
+/// The plan's figures of each replay (`replay --plan`): from the end of the first iteration served
+/// from the plan to the end of the trace.
+fn write_plans(out: &mut dyn Write, results: &[replay::ReplayResult], iterations: usize) -> Result<()> {
+    writeln!(
+        out,
+        "\nplanned from the loop ({iterations} iterations marked); once the plan served one iteration:"
+    )?;
+    writeln!(
+        out,
+        "{:<28} {:>9} {:>16} {:>16} {:>8} {:>10} {:>10} {:>10}",
+        "policy", "in force", "peak held", "peak in use", "ratio", "raw calls", "served", "departed"
+    )?;
+    for r in results {
+        let Some(p) = &r.plan else { continue };
+        let in_force = p.in_force_at.map_or_else(|| "never".to_owned(), |k| format!("at {k}"));
+        writeln!(
+            out,
+            "{:<28} {:>9} {:>16} {:>16} {:>8.3} {:>10} {:>10} {:>10}",
+            r.policy,
+            in_force,
+            human_bytes(p.peak_held),
+            human_bytes(p.peak_in_use),
+            p.ratio,
+            p.raw_calls,
+            p.served,
+            p.departed
+        )?;
+    }
+    Ok(())
 }
 
 fn read_trace(path: &Path) -> Result<Trace> {
@@ -225,7 +260,7 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 );
             }
         }
-        Command::Replay { file, policy, expandable, share_across_streams, json } => {
+        Command::Replay { file, policy, expandable, share_across_streams, plan, json } => {
             let policies = match policy {
                 Some(name) => vec![replay::parse_policy(&name)?],
                 None => gpumem::GrowthPolicy::ALL.to_vec(),
@@ -233,14 +268,24 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             let trace = read_trace(&file)?;
             let timeline = Timeline::new(&trace);
             let steps = replay::steps(&timeline);
+            let marks = replay::marks(&timeline);
+            if plan && marks.len() < 2 {
+                return Err(Error::InvalidArgument(format!(
+                    "{}: {} step lines; a plan needs the program's iterations marked (gpumem_step, or \
+                     Pool::step, called after each while recording)",
+                    file.display(),
+                    marks.len()
+                )));
+            }
             let mut results = Vec::new();
             for p in policies {
-                if expandable || share_across_streams {
+                if expandable || share_across_streams || plan {
                     // The pool's own rules on a counting allocator: fast, no progress to show.
-                    results.push(replay::replay(
+                    results.push(replay::replay_marked(
                         &steps,
+                        &marks,
                         p,
-                        ReplayOptions { expandable, share_across_streams },
+                        ReplayOptions { expandable, share_across_streams, plan },
                     )?);
                     continue;
                 }
@@ -291,11 +336,15 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                         r.lent_across_streams
                     )?;
                 }
+                if plan {
+                    write_plans(out, &results, marks.len())?;
+                }
             }
         }
         Command::Recommend { file, json } => {
-            let steps = replay::steps(&Timeline::new(&read_trace(&file)?));
-            let r = recommend::recommend(&steps)?;
+            let timeline = Timeline::new(&read_trace(&file)?);
+            let steps = replay::steps(&timeline);
+            let r = recommend::recommend_marked(&steps, &replay::marks(&timeline))?;
             if json {
                 writeln!(
                     out,

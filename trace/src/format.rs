@@ -31,6 +31,10 @@ pub enum Hook {
     Free,
     /// A raw block given back to the device. CuPy has no hook point for it; this format adds it.
     RawFree,
+    /// An iteration boundary of the program's loop (`gpumem_step`, `Pool::step`): no operation,
+    /// `mem_size` and `mem_ptr` 0. CuPy has no hook point for it; this format adds it, so that a
+    /// replay can plan from the loop as the pool did.
+    Step,
 }
 
 impl Hook {
@@ -42,6 +46,7 @@ impl Hook {
             Hook::Malloc => "malloc",
             Hook::Free => "free",
             Hook::RawFree => "raw_free",
+            Hook::Step => "step",
         }
     }
 }
@@ -297,6 +302,7 @@ pub(crate) fn parse_line(line: &str, n: usize) -> Result<Line> {
         Some("malloc") => Hook::Malloc,
         Some("free") => Hook::Free,
         Some("raw_free") => Hook::RawFree,
+        Some("step") => Hook::Step,
         Some(other) => return Err(err(format!("unknown hook {other:?}"))),
         None => return Err(err("no \"hook\" key".into())),
     };

@@ -9,6 +9,10 @@
 //! peak held over the peak in use, the raw calls (each a driver call on a device, tens to
 //! hundreds of microseconds: ANCHORS.md), and the time the replay took on this machine.
 //!
+//! A trace whose program marked its iterations (`step` lines: `gpumem_step`) is replayed once
+//! more per set-up with the plan learned from the loop (`Pool::step` at each mark), as a
+//! `+ planned` row: its figures are the whole trace's, the recorded iterations included.
+//!
 //! The recommendation is the set-up that holds the least among those whose raw calls stay within
 //! twice the fewest any set-up made (plus 16, so that a trace of a few calls does not rule out
 //! everything but one): holding less is what a policy is for, and raw calls are what it must not
@@ -31,6 +35,8 @@ pub struct Candidate {
     pub expandable: bool,
     /// Free memory is lent across the trace's streams.
     pub share_across_streams: bool,
+    /// The pool planned from the loop (`Pool::step` at the trace's `step` lines).
+    pub planned: bool,
     /// What the replay measured.
     pub result: ReplayResult,
     /// Raw allocations and frees together.
@@ -56,6 +62,9 @@ impl Candidate {
         if self.share_across_streams {
             s.push_str(" + shared");
         }
+        if self.planned {
+            s.push_str(" + planned");
+        }
         s
     }
 }
@@ -75,26 +84,40 @@ pub struct Recommendation {
 ///
 /// The first replay that fails (see [`replay::replay`]).
 pub fn recommend(steps: &[Step]) -> Result<Recommendation> {
+    recommend_marked(steps, &[])
+}
+
+/// As [`recommend`], for a trace whose program's iterations begin at steps `marks`
+/// ([`replay::marks`]): with two marks or more, each set-up is also replayed with the plan.
+///
+/// # Errors
+///
+/// As [`recommend`].
+pub fn recommend_marked(steps: &[Step], marks: &[usize]) -> Result<Recommendation> {
     let streams: HashSet<_> = steps
         .iter()
         .filter_map(|s| if let Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
         .collect();
     let sharing: &[bool] = if streams.len() > 1 { &[false, true] } else { &[false] };
+    let planning: &[bool] = if marks.len() > 1 { &[false, true] } else { &[false] };
     let mut candidates = Vec::new();
-    for policy in gpumem::GrowthPolicy::ALL {
-        for expandable in [false, true] {
-            for &share_across_streams in sharing {
-                let start = Instant::now();
-                let result =
-                    replay::replay(steps, policy, ReplayOptions { expandable, share_across_streams })?;
-                candidates.push(Candidate {
-                    policy: policy.name(),
-                    expandable,
-                    share_across_streams,
-                    raw_calls: result.raw_allocs.saturating_add(result.raw_frees),
-                    replay_time: start.elapsed(),
-                    result,
-                });
+    for &plan in planning {
+        for policy in gpumem::GrowthPolicy::ALL {
+            for expandable in [false, true] {
+                for &share_across_streams in sharing {
+                    let start = Instant::now();
+                    let options = ReplayOptions { expandable, share_across_streams, plan };
+                    let result = replay::replay_marked(steps, marks, policy, options)?;
+                    candidates.push(Candidate {
+                        policy: policy.name(),
+                        expandable,
+                        share_across_streams,
+                        planned: plan,
+                        raw_calls: result.raw_allocs.saturating_add(result.raw_frees),
+                        replay_time: start.elapsed(),
+                        result,
+                    });
+                }
             }
         }
     }
@@ -169,6 +192,9 @@ fn how_to_set(c: &Candidate) -> String {
     if c.share_across_streams {
         s.push_str(", GPUMEM_SHARE_ACROSS_STREAMS=1");
     }
+    if c.planned {
+        s.push_str(", gpumem_step(device) after each iteration (Python: gpumem_runtime.step())");
+    }
     s
 }
 
@@ -236,6 +262,33 @@ mod tests {
             println!("{name}:\n{}", r.render());
             assert!(best.result.peak_held <= cupy.result.peak_held, "{name}");
         }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+    fn a_marked_training_trace_adds_planned_rows_that_hold_within_two_percent() {
+        use gpumem::core::pool::trace as pool_trace;
+        let text = include_str!("../../core/tests/fixtures/gpt2-training.trace");
+        // The recorded steps, the last one repeated to ten (synthetic: three were recorded).
+        let (steps, marks) = pool_trace::repeat_last_iteration(
+            &pool_trace::parse(text).unwrap(),
+            &pool_trace::step_marks(text),
+            7,
+        );
+        let steps: Vec<Step> = steps
+            .into_iter()
+            .map(|s| match s {
+                pool_trace::Step::Alloc { id, size, stream } => Step::Alloc { id: id as usize, size, stream },
+                pool_trace::Step::Free { id } => Step::Free { id: id as usize },
+            })
+            .collect();
+        let r = recommend_marked(&steps, &marks).unwrap();
+        println!("GPT-2 training, last step repeated to ten:\n{}", r.render());
+        assert_eq!(r.candidates.len(), 16);
+        let planned =
+            r.candidates.iter().find(|c| c.setup() == "cache_until_out_of_memory + planned").unwrap();
+        assert!(planned.result.ratio <= 1.02, "{}", planned.result.ratio);
+        assert_eq!(planned.result.plan.as_ref().unwrap().raw_calls, 0);
     }
 
     #[test]

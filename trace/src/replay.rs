@@ -69,6 +69,16 @@ pub fn steps(timeline: &Timeline) -> Vec<Step> {
     by_step.into_iter().flatten().collect()
 }
 
+/// Where the program's iterations begin among [`steps`]' steps: the trace's `step` lines
+/// ([`Timeline::marks`]), each at the step of the operation after it. Every step of the timeline
+/// is one replay step (an allocation's start or its end), so the indexes carry over.
+#[must_use]
+pub fn marks(timeline: &Timeline) -> Vec<usize> {
+    let mut marks: Vec<usize> = timeline.marks.iter().copied().filter(|&m| m < timeline.steps).collect();
+    marks.dedup();
+    marks
+}
+
 /// Peak requested bytes in use over `steps`: what any allocator must hold at least (saturating
 /// at `u64::MAX`, beyond any memory a replay can have held).
 #[must_use]
@@ -107,6 +117,32 @@ pub struct ReplayResult {
     /// Allocations served by another stream's free chunk (with
     /// [`ReplayOptions::share_across_streams`]; 0 otherwise).
     pub lent_across_streams: u64,
+    /// With [`ReplayOptions::plan`]: what the plan learned from the loop did.
+    pub plan: Option<PlanResult>,
+}
+
+/// What the plan learned from the loop did in a replay with [`ReplayOptions::plan`] (the pool's
+/// `trace::PlanReplay`): the figures are taken from the end of the first iteration served from
+/// the plan (*settled*) to the end of the trace.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct PlanResult {
+    /// The iteration (its number among the trace's `step` lines) at whose start the plan came in
+    /// force; `None` if it never did (no two iterations in a row repeated).
+    pub in_force_at: Option<usize>,
+    /// The most raw bytes held at once, once settled (0 if the plan never settled).
+    pub peak_held: u64,
+    /// The most requested bytes in use at once, once settled.
+    pub peak_in_use: u64,
+    /// `peak_held / peak_in_use` once settled (0 if the plan never settled).
+    pub ratio: f64,
+    /// Raw allocations and frees once settled.
+    pub raw_calls: u64,
+    /// Allocations served from the plan over the whole trace.
+    pub served: u64,
+    /// Allocations that departed from a plan and went to the pool.
+    pub departed: u64,
+    /// Plans put in force (more than one: the loop changed and was planned again).
+    pub plans: u64,
 }
 
 /// What to replay with.
@@ -117,6 +153,9 @@ pub struct ReplayOptions {
     /// Lend free memory across the trace's streams, as `GPUMEM_SHARE_ACROSS_STREAMS=1` does
     /// (the replay runs no device work, so the streams need no ordering).
     pub share_across_streams: bool,
+    /// Mark the program's iterations as it did (`Pool::step` at each of the marks given to
+    /// [`replay_marked`]), so the pool plans from the loop.
+    pub plan: bool,
 }
 
 /// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
@@ -129,8 +168,24 @@ pub struct ReplayOptions {
 /// [`Error::Pool`] if the pool fails (out of host memory, or `GPUMEM_GPU_MEMORY_LIMIT` below
 /// the trace's needs).
 pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
-    if options.expandable || options.share_across_streams {
-        return replay_counted(steps, policy, options);
+    replay_marked(steps, &[], policy, options)
+}
+
+/// As [`replay`], with the program's iterations beginning at steps `marks` ([`marks`]): with
+/// [`ReplayOptions::plan`], the pool is told of each (`Pool::step`) and plans from the loop,
+/// through its own rules on a counting allocator as with expandable segments.
+///
+/// # Errors
+///
+/// As [`replay`].
+pub fn replay_marked(
+    steps: &[Step],
+    marks: &[usize],
+    policy: GrowthPolicy,
+    options: ReplayOptions,
+) -> Result<ReplayResult> {
+    if options.expandable || options.share_across_streams || options.plan {
+        return replay_counted(steps, marks, policy, options);
     }
     replay_on::<Host, _>(steps, policy, 0, UntouchedHostMemory, &mut |_| {})
 }
@@ -145,12 +200,17 @@ pub fn replay(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> R
 ///
 /// [`Error::Pool`] if the pool fails.
 pub fn replay_expandable(steps: &[Step], policy: GrowthPolicy) -> Result<ReplayResult> {
-    replay_counted(steps, policy, ReplayOptions { expandable: true, ..ReplayOptions::default() })
+    replay_counted(steps, &[], policy, ReplayOptions { expandable: true, ..ReplayOptions::default() })
 }
 
 /// Replays `steps` through the pool's own rules on a counting allocator that hands out address
 /// ranges without memory behind them (`trace::replay_with`), set up as `options` say.
-fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayResult> {
+fn replay_counted(
+    steps: &[Step],
+    marks: &[usize],
+    policy: GrowthPolicy,
+    options: ReplayOptions,
+) -> Result<ReplayResult> {
     let steps: Vec<pool_trace::Step> = steps
         .iter()
         .map(|s| match *s {
@@ -164,9 +224,20 @@ fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) 
         pool_trace::ReplayOptions {
             expandable: options.expandable,
             share_across_streams: options.share_across_streams,
-            marks: Vec::new(),
+            marks: if options.plan { marks.to_vec() } else { Vec::new() },
+            plan: options.plan,
         },
     )?;
+    let plan = r.plan.as_ref().map(|p| PlanResult {
+        in_force_at: p.in_force_at,
+        peak_held: p.peak_held as u64,
+        peak_in_use: p.peak_in_use as u64,
+        ratio: p.ratio(),
+        raw_calls: p.raw_calls as u64,
+        served: p.stats.served,
+        departed: p.stats.departed,
+        plans: p.stats.plans,
+    });
     Ok(ReplayResult {
         policy: policy.name(),
         peak_held: r.peak_held as u64,
@@ -176,6 +247,7 @@ fn replay_counted(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) 
         raw_allocs: r.raw_allocs as u64,
         raw_frees: r.raw_frees as u64,
         lent_across_streams: r.lent_across_streams as u64,
+        plan,
     })
 }
 
@@ -238,6 +310,7 @@ where
         raw_allocs: counter.allocs.load(Ordering::Relaxed) as u64,
         raw_frees,
         lent_across_streams,
+        plan: None,
     })
 }
 

@@ -34,6 +34,43 @@ static void count_oom(void *user_data, int device, const char *message) {
     oom_calls++;
 }
 
+/* One iteration of a loop: three allocations, freed in another order. */
+static void iteration(void) {
+    void *a = gpumem_torch_malloc(8192, 0, (cudaStream_t)0);
+    void *b = gpumem_torch_malloc(1000, 0, (cudaStream_t)0);
+    void *c = gpumem_torch_malloc(4096, 0, (cudaStream_t)0);
+    CHECK(a != NULL && b != NULL && c != NULL);
+    gpumem_torch_free(a, 8192, 0, (cudaStream_t)0);
+    gpumem_torch_free(c, 4096, 0, (cudaStream_t)0);
+    gpumem_torch_free(b, 1000, 0, (cudaStream_t)0);
+}
+
+/* The plan learned from the loop: off until the first step, in force once two iterations in a
+ * row repeat, then no driver call; dropped by the reset. */
+static void plan_checks(void) {
+    CHECK(gpumem_plan_state(0) == 0);
+    CHECK(gpumem_step(0) == 0);
+    CHECK(gpumem_plan_state(0) == 1);
+    for (int i = 0; i < 4; i++) {
+        iteration();
+        CHECK(gpumem_step(0) == 0);
+    }
+    CHECK(gpumem_plan_state(0) == 2);
+    gpumem_stats planned = stats(0);
+    for (int i = 0; i < 10; i++) {
+        iteration();
+        CHECK(gpumem_step(0) == 0);
+    }
+    gpumem_stats after = stats(0);
+    CHECK(after.n_raw_allocs == planned.n_raw_allocs && after.n_raw_frees == planned.n_raw_frees);
+    CHECK(gpumem_step(42) == -1 && gpumem_last_error() != NULL);
+    CHECK(gpumem_plan_state(42) == -1);
+    CHECK(gpumem_reset_planning(0) == 0);
+    CHECK(gpumem_plan_state(0) == 0);
+    CHECK(gpumem_free_all_blocks(0) == 0);
+    CHECK(stats(0).total_bytes == 0);
+}
+
 /* The memory tools: statistics with PyTorch's keys, summary, peak reset, snapshots, recorder,
  * OOM observers and record_stream. */
 static void tools_checks(void) {
@@ -175,6 +212,7 @@ int main(void) {
            (unsigned long long)end.n_failed_mallocs, (unsigned long long)end.n_failed_frees,
            (unsigned long long)end.n_raw_allocs);
     tools_checks();
+    plan_checks();
     if (failures) {
         fprintf(stderr, "abi_test: %d check(s) failed\n", failures);
         return 1;

@@ -10,6 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use super::arena::Lent;
+use super::planner::RECORDED;
 use super::sync::{self, ArenaRef};
 use super::{share, Arena, ArenaKey, ArenaState, Fence, Fenced, RawAllocator, RawBlock};
 use crate::error::Result;
@@ -24,8 +25,10 @@ pub struct PooledMemory<R: RawAllocator> {
     ptr: DevicePtr,
     size: usize,
     /// For a zero-size allocation (no chunk): the id hooks see. For a chunk lent to another
-    /// stream than its arena's (see `share`): the borrower's arena key plus one. Else 0, which the
-    /// free path tests, so that a plain chunk pays one comparison for this.
+    /// stream than its arena's (see `share`): the borrower's arena key plus one. For a chunk lent
+    /// while the planner records its iteration: `planner::RECORDED` and the chunk's number in the
+    /// record. Else 0, which the free path tests, so that a plain chunk pays one comparison for
+    /// this.
     tag: u64,
 }
 
@@ -51,7 +54,17 @@ impl<R: RawAllocator> PooledMemory<R> {
     /// For a chunk (the caller has its arena): the arena key of the stream it was lent to, when
     /// that is not its arena's stream.
     fn borrower(&self) -> Option<ArenaKey> {
-        (self.tag != 0).then(|| ArenaKey::from_raw(self.tag.wrapping_sub(1)))
+        (self.tag != 0 && self.tag & RECORDED == 0).then(|| ArenaKey::from_raw(self.tag.wrapping_sub(1)))
+    }
+
+    /// Marks the chunk as recorded by the planner under `tag` (a chunk borrowed from another
+    /// stream's arena keeps its mark, and its free goes unrecorded: the planner then leaves that
+    /// allocation to the pool).
+    pub(super) fn mark_recorded(&mut self, tag: u64) {
+        debug_assert!(tag & RECORDED != 0);
+        if self.tag == 0 {
+            self.tag = tag;
+        }
     }
 
     pub(super) fn empty(device: DeviceId) -> Self {
@@ -143,7 +156,8 @@ impl<R: RawAllocator> PooledMemory<R> {
     }
 
     /// Returns a chunk lent to another stream than its arena's, behind a fence on the borrower's
-    /// stream (and `fence`, if any), between the free hooks if any is installed.
+    /// stream (and `fence`, if any), or a chunk the planner recorded (telling the planner of the
+    /// free first), between the free hooks if any is installed.
     ///
     /// # Errors
     ///
@@ -155,6 +169,9 @@ impl<R: RawAllocator> PooledMemory<R> {
         arena: ArenaRef<Arena<R>>,
         fence: Option<Box<dyn Fence>>,
     ) -> Result<(), Failed> {
+        if self.tag & RECORDED != 0 {
+            arena.get().shared.planner.on_free(self.tag);
+        }
         let own = match (self.borrower(), arena.get().shared.stream_order.get()) {
             (Some(borrower), Some(order)) => Some(order.fence_after(borrower)),
             // Not reached: a chunk is borrowed only through the installed order, which stays.

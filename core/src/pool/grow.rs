@@ -65,6 +65,20 @@ impl<R: RawAllocator> Pool<R> {
             }
             other => other?,
         };
+        Ok(self.lend_from_new_block(block, block_len, size, mem_size, key, cache))
+    }
+
+    /// Adds raw `block`, of which the pool counts `block_len` bytes, to arena `key` and lends its
+    /// first `mem_size` bytes (a request of `size`).
+    pub(super) fn lend_from_new_block(
+        &self,
+        block: R::Block,
+        block_len: usize,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+    ) -> PooledMemory<R> {
         let mut block = Some(block);
         loop {
             let arena = self.arena(key, cache);
@@ -76,7 +90,7 @@ impl<R: RawAllocator> Pool<R> {
             let Some(block) = block.take() else { unreachable!("the block is lent once") };
             let lent = st.lend_new_block(block, block_len, mem_size, size);
             drop(st);
-            return Ok(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size));
+            return PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size);
         }
     }
 

@@ -36,7 +36,9 @@
 //! This file holds the pool's types and its hit path (`malloc`, `try_hit`, the miss's order of
 //! resorts in `lend_slow`); a miss that must grow the pool is in `grow`, giving memory back in
 //! `release`, and the read side (bytes, statistics, snapshots) in `inspect`. One arena's chunks
-//! are in `arena`, a lent chunk and its way back in `chunk`.
+//! are in `arena`, a lent chunk and its way back in `chunk`. The plan learned from a loop that
+//! calls [`Pool::step`] is in `planner`: while planning is on, every allocation takes the miss
+//! path, which asks the planner first.
 //!
 //! The pool's logic is safe code; the two hot-path devices that need `unsafe` (the arena lock and
 //! the uncounted arena pointer) are in the `sync` module, with the invariant that makes them sound.
@@ -57,6 +59,7 @@ mod limit;
 #[cfg(all(test, loom))]
 mod loom_tests;
 pub mod pinned;
+mod planner;
 mod policy;
 mod raw;
 mod release;
@@ -84,6 +87,7 @@ pub use chunk::PooledMemory;
 use chunk::{give_back, observe_raw_frees};
 pub use key::ArenaKey;
 pub use limit::{Limit, LIMIT_ENV};
+pub use planner::{PlanState, PlanStats};
 pub use raw::{RawAllocator, RawBlock};
 pub use share::{NoQueuedWork, StreamOrder};
 pub use stats::{
@@ -207,6 +211,8 @@ struct Shared<R: RawAllocator> {
     stream_order: std::sync::OnceLock<Box<dyn StreamOrder>>,
     /// Whether a miss may take another arena's free chunk (see `share`).
     share: AtomicBool,
+    /// The plan learned from the loop, once [`Pool::step`] is called (see `planner`).
+    planner: planner::Planner,
 }
 
 /// What [`Pool::set_reclaimer`] installs.
@@ -335,6 +341,7 @@ impl<R: RawAllocator> Pool<R> {
                 oom_observers: Mutex::new(Vec::new()),
                 stream_order: std::sync::OnceLock::new(),
                 share: AtomicBool::new(false),
+                planner: planner::Planner::default(),
             }),
             arenas: Mutex::new(HashMap::new()),
             next_arena: AtomicU32::new(1),
@@ -427,6 +434,10 @@ impl<R: RawAllocator> Pool<R> {
         key: ArenaKey,
         cache: &ArenaCache,
     ) -> Option<PooledMemory<R>> {
+        if self.shared.planner.is_on() {
+            // The planner sees every allocation (module `planner`): through the miss path.
+            return None;
+        }
         cache
             .with::<Arena<R>, _>(
                 self.shared.uid,
@@ -533,6 +544,22 @@ impl<R: RawAllocator> Pool<R> {
 
     #[cold]
     fn lend_slow(
+        &self,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+        hooked: bool,
+    ) -> Result<PooledMemory<R>> {
+        if self.shared.planner.is_on() {
+            return self.lend_planned(size, mem_size, key, cache, hooked);
+        }
+        self.lend_pooled(size, mem_size, key, cache, hooked)
+    }
+
+    /// A miss served by the pool: the arena's free chunks and growing tail, other lanes, other
+    /// arenas, then a new block.
+    fn lend_pooled(
         &self,
         size: usize,
         mem_size: usize,

@@ -63,7 +63,7 @@ impl RawAllocator for Mock {
 }
 
 /// A fence that completes when its flag is set (or when waited for).
-struct Flag(Arc<AtomicBool>);
+pub(super) struct Flag(pub(super) Arc<AtomicBool>);
 
 impl Fence for Flag {
     fn is_complete(&self) -> bool {
@@ -1336,7 +1336,11 @@ fn with_expandable_segments_a_miss_grows_the_home_arenas_block() {
 #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
 fn shared_across_streams_the_random_trace_holds_as_on_one_stream() {
     let steps = trace::standard_random();
-    let shared = trace::ReplayOptions { expandable: true, share_across_streams: true, marks: Vec::new() };
+    let shared = trace::ReplayOptions {
+        expandable: true,
+        share_across_streams: true,
+        ..trace::ReplayOptions::default()
+    };
     let r = trace::replay_with(&steps, GrowthPolicy::Segments, shared).unwrap();
     let one = trace::replay_expandable(&trace::on_one_stream(&steps), GrowthPolicy::Segments).unwrap();
     let apart = trace::replay_expandable(&steps, GrowthPolicy::Segments).unwrap();

@@ -4,7 +4,7 @@
 use super::super::index::{bin_for, NIL};
 use super::super::policy;
 use super::super::raw::{self, RawBlock};
-use super::{ArenaState, Chunk, State};
+use super::{ArenaState, Chunk, State, PLANNED};
 
 /// The end of a growable block, as a miss that would grow it sees it.
 #[derive(Clone, Copy, Debug)]
@@ -93,7 +93,8 @@ impl<K: RawBlock> ArenaState<K> {
         let mut bytes = 0;
         for slot in 0..self.chunks.len() as u32 {
             let c = self.chunks[slot as usize];
-            if c.state != State::Free || c.next != NIL || c.prev == NIL {
+            // The plan's block keeps its size: its offsets were planned in it.
+            if c.state != State::Free || c.next != NIL || c.prev == NIL || c.class == PLANNED {
                 continue;
             }
             let Some(mem) = self.blocks[c.block as usize].as_mut() else { continue };

@@ -10,7 +10,8 @@
 //! fits (see [`ArenaState::take_with_tail`]).
 //!
 //! What the arena counts is in `counters`; growing and shrinking the growing blocks' tails
-//! (expandable segments) in `growth`.
+//! (expandable segments) in `growth`; the block of a plan learned from the loop (module
+//! `planner` of the pool), whose chunks are lent at planned offsets only, in `planned`.
 
 use crate::hal::types::DevicePtr;
 
@@ -21,6 +22,7 @@ use super::policy;
 
 mod counters;
 mod growth;
+mod planned;
 
 pub(crate) use counters::Counters;
 
@@ -45,7 +47,8 @@ struct Chunk {
     state: State,
     /// The free-index bin of `size` (kept with it, so a chunk going back does not recompute it).
     bin: u32,
-    /// Which free index the chunk's block belongs to (see `policy::class`).
+    /// Which free index the chunk's block belongs to (see `policy::class`; [`PLANNED`] for the
+    /// plan's block).
     class: u8,
     /// A lent chunk's size less the bytes asked for (under the allocation unit, so it fits the
     /// struct's padding): the requested-bytes statistic needs it back at the free.
@@ -64,6 +67,11 @@ pub(crate) struct ArenaState<K> {
     /// With `segmented`, the blocks of large requests (boxed: the hot path touches `index` only,
     /// and the arena's hot fields stay as close together as without it).
     large: Box<FreeIndex>,
+    /// The free chunks of the plan's block (free index [`PLANNED`]): no request's class names
+    /// it, so only [`ArenaState::lend_planned`] lends them.
+    planned: Box<FreeIndex>,
+    /// The plan's block, if the arena holds one (see `planned`).
+    plan: Option<planned::PlanBlock>,
     /// No longer in the pool's map: allocations must go to the arena that replaced it.
     pub(crate) retired: bool,
     /// The pool is gone: chunks that come back release their raw blocks as soon as whole, and
@@ -77,10 +85,11 @@ pub(crate) struct ArenaState<K> {
     /// The block that grows on a miss, with an expandable raw allocator: the newest one of each
     /// free index (the pool turns `segmented` off for new arenas with expandable segments; an
     /// arena made segmented before they were turned on grows a block per index).
-    growable: [Option<u32>; 2],
+    /// (Entry [`PLANNED`] stays `None`: the plan's block never grows.)
+    growable: [Option<u32>; 3],
     /// With `keep_tail_last`, the free chunk at the end of each growable block, kept out of the
     /// free index (`NIL` when there is none); see [`ArenaState::take_from_tail`].
-    tail: [u32; 2],
+    tail: [u32; 3],
     /// Lend from a growable block's free tail only when no other free chunk fits (expandable
     /// segments, except under `HoldPeakInUse`); set with [`ArenaState::set_keep_tail_last`].
     keep_tail_last: bool,
@@ -109,6 +118,9 @@ pub(crate) struct Lent {
     pub(crate) ptr: DevicePtr,
 }
 
+/// The free index of the plan's block (see `planned`).
+pub(crate) const PLANNED: u8 = 2;
+
 /// A lent chunk's rounding slack: `size - requested`, under the allocation unit.
 #[inline(always)]
 fn slack(size: usize, requested: usize) -> u16 {
@@ -128,12 +140,14 @@ impl<K: RawBlock> ArenaState<K> {
             vacant_blocks: Vec::new(),
             index: FreeIndex::new(),
             large: Box::new(FreeIndex::new()),
+            planned: Box::new(FreeIndex::new()),
+            plan: None,
             retired: false,
             orphaned: false,
             bounded_split: false,
             segmented: false,
-            growable: [None; 2],
-            tail: [NIL; 2],
+            growable: [None; 3],
+            tail: [NIL; 3],
             keep_tail_last: false,
             used_bytes: 0,
             n_lent: 0,
@@ -165,6 +179,7 @@ impl<K: RawBlock> ArenaState<K> {
         self.chunks.push(chunk);
         self.index.grow_slots(self.chunks.len());
         self.large.grow_slots(self.chunks.len());
+        self.planned.grow_slots(self.chunks.len());
         u32::try_from(self.chunks.len() - 1).expect("fewer than 2^32 chunks in one arena")
     }
 
@@ -173,13 +188,13 @@ impl<K: RawBlock> ArenaState<K> {
         self.vacant.push(slot);
     }
 
-    /// Free index `class` (0: `index`, 1: `large`).
+    /// Free index `class` (0: `index`, 1: `large`, [`PLANNED`]: `planned`).
     #[inline(always)]
     fn index_of(&mut self, class: usize) -> &mut FreeIndex {
-        if class == 0 {
-            &mut self.index
-        } else {
-            &mut self.large
+        match class {
+            0 => &mut self.index,
+            1 => &mut self.large,
+            _ => &mut self.planned,
         }
     }
 
@@ -299,15 +314,24 @@ impl<K: RawBlock> ArenaState<K> {
 
     #[cold]
     fn split(&mut self, slot: u32, size: usize, found: usize) {
+        debug_assert_eq!(self.chunks[slot as usize].size, found);
+        let rest = self.cut(slot, size);
+        self.mark_free(rest);
+    }
+
+    /// Cuts chunk `slot` after its first `keep` bytes; the rest is a new free chunk, in no free
+    /// index yet, whose slot is returned.
+    fn cut(&mut self, slot: u32, keep: usize) -> u32 {
         let head = self.chunks[slot as usize];
+        debug_assert!(keep > 0 && keep < head.size);
         let rest = self.new_slot(Chunk {
-            ptr: head.ptr + size,
-            size: found - size,
+            ptr: head.ptr + keep,
+            size: head.size - keep,
             block: head.block,
             prev: slot,
             next: head.next,
             state: State::Free,
-            bin: bin_for(found - size),
+            bin: bin_for(head.size - keep),
             class: head.class,
             slack: 0,
         });
@@ -315,8 +339,8 @@ impl<K: RawBlock> ArenaState<K> {
             self.chunks[head.next as usize].prev = rest;
         }
         self.chunks[slot as usize].next = rest;
-        self.resize(slot, size);
-        self.mark_free(rest);
+        self.resize(slot, keep);
+        rest
     }
 
     /// Adds a new raw block, of which the pool asked for (and counts) `whole` bytes, and lends its
@@ -332,10 +356,9 @@ impl<K: RawBlock> ArenaState<K> {
         self.lend_block(mem, whole, size, requested, false)
     }
 
-    fn lend_block(&mut self, mem: K, whole: usize, size: usize, requested: usize, raw: bool) -> Lent {
-        let ptr = mem.address();
-        debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
-        let block = match self.vacant_blocks.pop() {
+    /// Keeps raw block `mem` in a vacant block number, or a new one; returns the number.
+    fn store_block(&mut self, mem: K) -> u32 {
+        match self.vacant_blocks.pop() {
             Some(b) => {
                 self.blocks[b as usize] = Some(mem);
                 b
@@ -344,7 +367,13 @@ impl<K: RawBlock> ArenaState<K> {
                 self.blocks.push(Some(mem));
                 u32::try_from(self.blocks.len() - 1).expect("fewer than 2^32 blocks in one arena")
             }
-        };
+        }
+    }
+
+    fn lend_block(&mut self, mem: K, whole: usize, size: usize, requested: usize, raw: bool) -> Lent {
+        let ptr = mem.address();
+        debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
+        let block = self.store_block(mem);
         // A block larger than the request (a policy's rounding) is cut as a cache hit would cut it.
         let class = policy::class(size, self.segmented) as u8;
         let slot = self.new_slot(Chunk {
@@ -504,6 +533,9 @@ impl<K: RawBlock> ArenaState<K> {
             self.counters.on_hand_over(chunk.size);
         }
         self.vacate(slot);
+        if self.plan.is_some_and(|p| p.block == chunk.block) {
+            self.plan = None;
+        }
         let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
         for g in &mut self.growable {
             if *g == Some(chunk.block) {

@@ -1,0 +1,140 @@
+//! Serving an iteration from the plan: the n-th allocation of the iteration gets its planned
+//! offset when it is the allocation the plan expects (its size and arena); anything else goes
+//! to the pool and marks the iteration as departing; a loop that keeps departing is planned again.
+
+use super::super::ArenaKey;
+use super::placement;
+use super::record::Planned;
+
+/// A loop is recorded again after this many iterations in a row departed from its plan.
+pub(crate) const REPLAN_AFTER: u32 = 2;
+
+/// What the plan says of one allocation of the iteration.
+#[derive(Clone, Copy, Debug)]
+struct Entry {
+    size: usize,
+    key: ArenaKey,
+    /// Its offset in the plan block of arena `key`; `None` for an allocation that outlives the
+    /// next iteration, which the pool serves by plan.
+    offset: Option<usize>,
+}
+
+/// A plan in force. See the module docs.
+#[derive(Debug)]
+pub(crate) struct Plan {
+    entries: Vec<Entry>,
+    /// Each planned arena and the size of its plan block.
+    pub(crate) blocks: Vec<(ArenaKey, usize)>,
+    /// The most bytes the planned allocations have live at once, summed over the arenas.
+    pub(crate) most_live: usize,
+    /// Allocations so far in this iteration.
+    next: usize,
+    /// Whether this iteration departed from the plan.
+    departed: bool,
+    /// Iterations in a row that departed.
+    departing: u32,
+    /// Whether the step that ends the first iteration served from the plan is still to come.
+    pub(crate) first_iteration: bool,
+}
+
+impl Plan {
+    /// The plan of one iteration's allocations (see `record::lifetimes`): each arena's planned
+    /// allocations placed into one block of their own. `None` when nothing can be planned.
+    pub(crate) fn new(allocs: &[Planned]) -> Option<Plan> {
+        let mut entries: Vec<Entry> =
+            allocs.iter().map(|p| Entry { size: p.size, key: p.key, offset: None }).collect();
+        let mut keys: Vec<ArenaKey> = allocs.iter().filter(|p| p.live.is_some()).map(|p| p.key).collect();
+        keys.sort_unstable_by_key(|k| k.raw());
+        keys.dedup();
+        let mut blocks = Vec::with_capacity(keys.len());
+        let mut most_live = 0usize;
+        for key in keys {
+            let (numbers, items) = super::record::items_of(allocs, key);
+            let (offsets, peak) = placement::place(&items)?;
+            for (n, offset) in numbers.into_iter().zip(offsets) {
+                entries[n].offset = Some(offset);
+            }
+            most_live = most_live.saturating_add(placement::most_live(&items));
+            blocks.push((key, peak));
+        }
+        if blocks.is_empty() {
+            return None;
+        }
+        Some(Plan {
+            entries,
+            blocks,
+            most_live,
+            next: 0,
+            departed: false,
+            departing: 0,
+            first_iteration: true,
+        })
+    }
+
+    /// The next allocation of the iteration, of `size` (rounded) bytes in arena `key`: its
+    /// planned offset, or `None` for the pool (marking a departure unless the plan leaves that
+    /// allocation to the pool).
+    pub(crate) fn on_malloc(&mut self, size: usize, key: ArenaKey) -> Option<usize> {
+        let entry = self.entries.get(self.next).copied();
+        self.next += 1;
+        match entry {
+            Some(e) if e.size == size && e.key == key => e.offset,
+            _ => {
+                self.departed = true;
+                None
+            }
+        }
+    }
+
+    /// The planned range of the last allocation was not free (a chunk lives longer than it did
+    /// when the loop was recorded): the pool served it.
+    pub(crate) fn depart(&mut self) {
+        self.departed = true;
+    }
+
+    /// Ends an iteration; returns whether the loop should be recorded again (it departed from
+    /// the plan [`REPLAN_AFTER`] times in a row).
+    pub(crate) fn end_iteration(&mut self) -> bool {
+        if self.next != self.entries.len() {
+            self.departed = true;
+        }
+        self.departing = if self.departed { self.departing + 1 } else { 0 };
+        self.next = 0;
+        self.departed = false;
+        self.departing >= REPLAN_AFTER
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const K: ArenaKey = ArenaKey::NULL;
+
+    fn planned(size: usize, from: u32, to: u32) -> Planned {
+        Planned { size, key: K, live: Some([(from, to), (0, 0)]) }
+    }
+
+    #[test]
+    fn the_nth_allocation_of_its_size_gets_its_offset_and_others_depart() {
+        let mut plan = Plan::new(&[planned(1024, 0, 3), planned(512, 1, 2)]).unwrap();
+        assert_eq!(plan.blocks, vec![(K, 1536)]);
+        assert_eq!(plan.on_malloc(1024, K), Some(0));
+        assert_eq!(plan.on_malloc(512, K), Some(1024));
+        assert!(!plan.end_iteration());
+        assert_eq!(plan.on_malloc(2048, K), None, "a new size");
+        assert!(!plan.end_iteration(), "one departing iteration is tolerated");
+        assert_eq!(plan.on_malloc(1024, K), Some(0));
+        assert!(plan.end_iteration(), "too few allocations: the second departure in a row");
+    }
+
+    #[test]
+    fn allocations_left_to_the_pool_are_no_departure() {
+        let long = Planned { size: 512, key: K, live: None };
+        let mut plan = Plan::new(&[long, planned(512, 1, 2)]).unwrap();
+        assert_eq!(plan.on_malloc(512, K), None);
+        assert_eq!(plan.on_malloc(512, K), Some(0));
+        assert!(!plan.end_iteration());
+        assert!(Plan::new(&[long]).is_none(), "nothing to plan");
+    }
+}
