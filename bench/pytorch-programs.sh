@@ -1,7 +1,8 @@
 #!/bin/bash
 # The memory table of BENCHMARKS.md on the GPU machine: each program of bench/pytorch_programs.py
 # under PyTorch's allocator (default, then expandable_segments:True) and gpumem's through its C ABI
-# (the ABI's default, then hold_peak_in_use), each in its own process, in one run.
+# (the ABI's default; the same with gpumem_step after each iteration; and that with fixed blocks), each in
+# its own process, in one run.
 #
 # Needs the library built with CUDA on a machine with Rust:
 #   cargo build --release -p gpumem-capi --features cuda
@@ -24,8 +25,10 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
         PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
             timeout 150 python3 $P "$program" --allocator torch --label "PyTorch expandable" --out "$OUT/results.jsonl"
         timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --label "gpumem C ABI default" --out "$OUT/results.jsonl"
-        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --growth-policy hold_peak_in_use \
-            --label "gpumem hold_peak_in_use" --out "$OUT/results.jsonl"
+        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
+            --label "gpumem default, planned (gpumem_step)" --out "$OUT/results.jsonl"
+        GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
+            --label "gpumem fixed blocks, planned" --out "$OUT/results.jsonl"
     done
     python3 $P --table "$OUT/results.jsonl" | tee "$OUT/table.md"
 } 2>&1 | grep -v "Warning\|warn(" | tee "$OUT/log.txt"

@@ -103,7 +103,9 @@ def gen(torch, steps):
             yield out.sum().double()
 
 
-PROGRAMS = {"cnn": (cnn, 8), "vit": (vit, 8), "bert": (bert, 10), "gen": (gen, 4)}
+# Training loops run long enough for a plan to be learned (two matching iterations after the first
+# step mark) and served for several iterations.
+PROGRAMS = {"cnn": (cnn, 12), "vit": (vit, 12), "bert": (bert, 12), "gen": (gen, 4)}
 
 
 def run(args):
@@ -125,12 +127,15 @@ def run(args):
         except StopIteration:
             break
         value = value.item()
+        if args.step:
+            gpumem_alloc.step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         results.append(float(value).hex())
     row = {
         "program": args.program, "label": args.label, "allocator": args.allocator,
         "growth_policy": args.growth_policy or ("default" if gpumem_alloc else None),
+        "planned": bool(args.step),
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "results_hex": results, "step_times_s": times,
@@ -144,6 +149,8 @@ def run(args):
                    raw_calls=s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
     else:
         s = gpumem_alloc.stats()
+        if args.step:
+            row["plan_state"] = gpumem_alloc.plan_state()
         row.update(peak_held=s["peak_held_bytes"], peak_in_use=None,
                    raw_calls=s["n_raw_allocs"] + s["n_raw_frees"], gpumem_stats=s)
         if s["n_failed_mallocs"] + s["n_failed_frees"] + s["n_failed_other"]:
@@ -184,6 +191,8 @@ def main():
     ap.add_argument("--allocator", choices=["torch", "gpumem"])
     ap.add_argument("--lib", default=os.environ.get("GPUMEM_CAPI_LIB"))
     ap.add_argument("--growth-policy", default=None)
+    ap.add_argument("--step", action="store_true",
+                    help="gpumem only: mark each iteration's end (gpumem_step), so the loop is planned")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--label")
     ap.add_argument("--out")

@@ -76,6 +76,8 @@ def load(lib_path=None):
         "gpumem_free_all_blocks": (c_int, [c_int]),
         "gpumem_debug_print_hook_begin": (c_int, [c_char_p]),
         "gpumem_debug_print_hook_end": (c_int, []),
+        "gpumem_step": (c_int, [c_int]),
+        "gpumem_plan_state": (c_int, [c_int]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -130,6 +132,19 @@ def get_growth_policy(device=0):
 def free_all_blocks(device=0):
     """Releases `device`'s cached free blocks (PyTorch's empty_cache, CuPy's free_all_blocks)."""
     _check(load().gpumem_free_all_blocks(device))
+
+
+def step(device=0):
+    """Marks the end of an iteration on `device`: the loop's plan (see gpumem.h's gpumem_step)."""
+    _check(load().gpumem_step(device))
+
+
+def plan_state(device=0):
+    """0: no planning, 1: recording the loop, 2: a plan in force."""
+    state = load().gpumem_plan_state(device)
+    if state < 0:
+        raise GpumemError(last_error() or "unknown gpumem error")
+    return state
 
 
 def stats(device=0):
