@@ -4,7 +4,8 @@
 # PyTorch's allocator and with gpumem's (two processes, losses compared bit for bit), PyTorch's
 # checks (torch.OutOfMemoryError past a limit, record_stream, statistics, a snapshot that
 # torch.cuda._memory_viz turns into pages), CuPy's checks, and CuPy's own memory tests with and
-# without gpumem where CuPy's tests are installed.
+# without gpumem where CuPy's tests are found (CuPy's wheels do not ship them: put the `tests/`
+# folder of CuPy's source distribution of the installed version anywhere under .gpu-python/).
 #
 # Needs the CUDA wheel, built on a machine with Rust:
 #   (cd python && maturin build --release --features cuda -o ../.gpu-python/wheel)
@@ -64,9 +65,24 @@ run cupy-checks "$PY" "$GPU/cupy_checks.py" "$OUT"
 
 # CuPy's own tests of cupy.cuda.memory, where they are installed (CuPy's wheels do not ship them).
 TESTS=$(find / -xdev -path '*cupy_tests/cuda_tests/test_memory.py' 2>/dev/null | head -n 1)
+# They pass with gpumem when they give the same outcome as on CuPy's own pool: the same tests
+# fail either way (those that need a second GPU, on a one-GPU machine).
 if [ -n "$TESTS" ]; then
-    run cupy-tests-own-pool "$PY" -m pytest -q -p no:cacheprovider "$TESTS"
-    PYTHONPATH=$GPU run cupy-tests-gpumem "$PY" -m pytest -q -p no:cacheprovider -p cupy_plugin "$TESTS"
+    echo "== cupy-tests ($TESTS)"
+    "$PY" -m pytest -q -rf -p no:cacheprovider "$TESTS" > "$OUT/cupy-tests-own-pool.log" 2>&1
+    PYTHONPATH=$GPU "$PY" -m pytest -q -rf -p no:cacheprovider -p cupy_plugin "$TESTS" > "$OUT/cupy-tests-gpumem.log" 2>&1
+    for pool in own-pool gpumem; do
+        grep -E "^FAILED|^ERROR" "$OUT/cupy-tests-$pool.log" | sed 's/ - .*//' | sort > "$OUT/cupy-tests-$pool.failed"
+        echo "$pool: $(tail -n 1 "$OUT/cupy-tests-$pool.log")"
+    done
+    if cmp -s "$OUT/cupy-tests-own-pool.failed" "$OUT/cupy-tests-gpumem.failed" \
+        && grep -q " passed" "$OUT/cupy-tests-gpumem.log"; then
+        echo "CuPy's tests: the same outcome on gpumem as on CuPy's pool"
+    else
+        echo "gpu-python: CuPy's tests differ on gpumem from CuPy's pool" >&2
+        diff "$OUT/cupy-tests-own-pool.failed" "$OUT/cupy-tests-gpumem.failed"
+        status=1
+    fi
 else
     echo "== CuPy's own tests are not installed here: cupy_checks.py covers the allocator's users" | tee "$OUT/cupy-tests.txt"
 fi

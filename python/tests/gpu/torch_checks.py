@@ -5,8 +5,10 @@ torch.cuda._memory_viz turns into pages. Prints "ok"/"FAIL" lines; exits 1 on an
 
     python torch_checks.py OUTDIR
 """
+import base64
 import os
 import pickle
+import re
 import sys
 
 import torch
@@ -92,7 +94,12 @@ for name in ("segment_plot", "trace_plot"):
     page = getattr(_memory_viz, name)(snap)
     with open(os.path.join(out, f"torch-{name}.html"), "w") as f:
         f.write(page)
-    check(f"torch.cuda._memory_viz.{name} makes a page", isinstance(page, str) and "<html" in page.lower() and len(page) > 1000,
+    # The page is PyTorch's viewer loaded with the snapshot it was given, pickled and base64'd
+    # into the page: read it back and compare with what gpumem exported.
+    embedded = re.search(r'"base64": "([A-Za-z0-9+/=]+)"', page) if isinstance(page, str) else None
+    shown = pickle.loads(base64.b64decode(embedded.group(1))) if embedded else None
+    check(f"torch.cuda._memory_viz.{name} makes a page that shows gpumem's snapshot",
+          "<html" in page.lower() and shown is not None and shown["segments"] == snap["segments"],
           f"{len(page)} characters")
 check("the snapshot lists the live tensor", any(b["address"] == a.data_ptr() and b["state"] == "active_allocated"
                                               for s in snap["segments"] for b in s["blocks"]))
