@@ -345,6 +345,22 @@ where
         self.pool.free_all_blocks(stream.map(Stream::arena_key));
     }
 
+    /// Marks the end of an iteration of the loop that allocates from this pool: the first call
+    /// turns planning on ([`Pool::step`]). Measure before keeping it: on live PyTorch programs
+    /// the plan has not yet held less than the pool without one (BENCHMARKS.md).
+    ///
+    /// # Errors
+    ///
+    /// As [`Pool::step`].
+    pub fn step(&self) -> Result<()> {
+        self.pool.step()
+    }
+
+    /// Drops the loop's plan and turns planning off ([`Pool::reset_planning`]).
+    pub fn reset_planning(&self) {
+        self.pool.reset_planning();
+    }
+
     /// CuPy's deprecated alias of [`free_all_blocks`](Self::free_all_blocks).
     #[deprecated(note = "free_all_free is deprecated. Use free_all_blocks instead.")]
     pub fn free_all_free(&self) {

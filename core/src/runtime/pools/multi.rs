@@ -154,6 +154,15 @@ where
         }
     }
 
+    /// Marks the end of an iteration on `device`'s pool (see [`SingleDeviceMemoryPool::step`]).
+    ///
+    /// # Errors
+    ///
+    /// A device that does not exist; then as [`SingleDeviceMemoryPool::step`].
+    pub fn step(&self, device: DeviceId) -> Result<()> {
+        self.device_pool(device)?.step()
+    }
+
     /// CuPy's deprecated alias of [`free_all_blocks`](Self::free_all_blocks).
     #[deprecated(note = "free_all_free is deprecated. Use free_all_blocks instead.")]
     pub fn free_all_free(&self) {

@@ -971,3 +971,32 @@ fn a_peer_copy_gives_the_peer_access_to_expandable_segments_mapped_before_and_af
     later.free_all_blocks(None);
     crate::Device::<Host>::new(0).use_device().unwrap();
 }
+
+/// `step()` on the device pool plans the loop as the pool's own does: after the first iterations
+/// the loop is served from the plan, with no new raw block, and every byte comes back.
+#[test]
+fn a_device_pools_step_plans_its_loop() {
+    let (pool, mock) = mock_pool();
+    let iteration = || {
+        let a = pool.malloc(4 * U).unwrap();
+        let b = pool.malloc(8 * U).unwrap();
+        drop(a);
+        let c = pool.malloc(2 * U).unwrap();
+        drop((b, c));
+        pool.step().unwrap();
+    };
+    for _ in 0..5 {
+        iteration();
+    }
+    assert_eq!(pool.pool().plan_stats().state, crate::pool::PlanState::Planned);
+    let held = mock.live_bytes();
+    let served = pool.pool().plan_stats().served;
+    for _ in 0..10 {
+        iteration();
+    }
+    assert_eq!(mock.live_bytes(), held, "no raw block after the plan");
+    assert_eq!(pool.pool().plan_stats().served, served + 30, "every allocation from the plan");
+    pool.reset_planning();
+    pool.free_all_blocks(None);
+    assert_eq!(mock.live_bytes(), 0, "every byte came back");
+}
