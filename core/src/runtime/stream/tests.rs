@@ -160,10 +160,13 @@ fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
         // entries), and no heap allocation of its own beyond the host backend's queued event
         // record (one per operation) and the release's.
         assert_eq!(ours.events, 1.0, "{what}: one event per operation");
-        // At most 1.5: how often a release runs depends on how far the stream's worker lags,
-        // which a loaded machine changes (two locks per operation or more before, 2.12 to 2.94).
-        assert!((1.0..1.5).contains(&ours.locks), "{what}: {ours:?}");
-        assert!(ours.allocations - raw.allocations < 1.5, "{what}: {ours:?} against {raw:?}");
+        // The bounds leave room for releases: how often one runs (a lock, and the allocations
+        // of what it collects) depends on how far the stream's worker lags, which a loaded
+        // machine changes (1.02 to 1.04 locks and 1.04 to 1.61 allocations over the raw call
+        // measured). They still fail on the registry as it was: 2.12 to 2.94 locks, 4.0 to 5.4
+        // allocations over the raw call.
+        assert!((1.0..2.0).contains(&ours.locks), "{what}: {ours:?}");
+        assert!(ours.allocations - raw.allocations < 3.0, "{what}: {ours:?} against {raw:?}");
         assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
     }
 }
