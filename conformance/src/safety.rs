@@ -31,6 +31,12 @@ macro_rules! __safety_tests {
                 MemoryPointer::from_memory(Memory::new(n).unwrap())
             }
 
+            /// `N` bytes of `pool`, lent on stream `s` (its arena).
+            fn own_stream_chunk(pool: &MemoryPool, s: &Stream) -> MemoryPointer {
+                let _current = s.enter().unwrap();
+                pool.malloc(N).unwrap()
+            }
+
             /// How often each thread of a race scenario touches the bytes: enough for the two
             /// threads to overlap natively, few under Miri (which interleaves them itself).
             fn race_rounds() -> usize {
@@ -458,6 +464,138 @@ macro_rules! __safety_tests {
                     assert!(Device::current().synchronize().is_err());
                     // The capture is invalidated, as CUDA does.
                     assert!(s.end_capture().is_err());
+                }
+
+                // Work on the memory's own stream keeps nothing alive and records no event (the
+                // pool lends the memory again only to that stream's later work). Everything else
+                // that touches the memory must still wait for it.
+
+                fn a_synchronous_access_waits_for_work_on_the_memorys_own_stream() {
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s);
+                    busy(&s, 100);
+                    a.memset_async(2, N, Some(&s)).unwrap();
+                    assert!(read(&a, N).iter().all(|&x| x == 2), "the read ran before the memset");
+                }
+
+                fn memory_freed_under_its_own_streams_work_is_written_only_after_it() {
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s);
+                    let address = a.ptr();
+                    busy(&s, 100);
+                    a.memset_async(0xAA, N, Some(&s)).unwrap();
+                    drop(a);
+                    // Lent again at once, to the same stream: a synchronous write waits for the
+                    // stream's queued memset.
+                    let b = own_stream_chunk(&pool, &s);
+                    assert_eq!(b.ptr(), address, "the pool lent the chunk again");
+                    b.memset(0x11, N).unwrap();
+                    s.synchronize().unwrap();
+                    assert!(read(&b, N).iter().all(|&x| x == 0x11), "the queued write reached the new owner");
+                }
+
+                fn another_stream_waits_for_work_on_the_memorys_own_stream() {
+                    let pool = MemoryPool::new();
+                    let s1 = Stream::non_blocking().unwrap();
+                    let s2 = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s1);
+                    busy(&s1, 100);
+                    a.memset_async(1, N, Some(&s1)).unwrap();
+                    a.memset_async(2, N, Some(&s2)).unwrap();
+                    s2.synchronize().unwrap();
+                    s1.synchronize().unwrap();
+                    assert!(read(&a, N).iter().all(|&x| x == 2), "s2's memset ran before s1's");
+                }
+
+                fn the_own_stream_waits_for_another_streams_work_on_the_memory() {
+                    let pool = MemoryPool::new();
+                    let s1 = Stream::non_blocking().unwrap();
+                    let s2 = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s1);
+                    busy(&s2, 100);
+                    a.memset_async(2, N, Some(&s2)).unwrap();
+                    a.memset_async(1, N, Some(&s1)).unwrap();
+                    s1.synchronize().unwrap();
+                    s2.synchronize().unwrap();
+                    assert!(read(&a, N).iter().all(|&x| x == 1), "s1's memset ran before s2's");
+                }
+
+                fn releasing_the_pools_memory_waits_for_work_on_its_own_stream() {
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s);
+                    busy(&s, 100);
+                    a.memset_async(3, N, Some(&s)).unwrap();
+                    let done = Arc::new(AtomicUsize::new(0));
+                    let d = Arc::clone(&done);
+                    s.launch_host_func(move || {
+                        d.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                    drop(a);
+                    pool.free_all_blocks(None);
+                    assert_eq!(pool.total_bytes(), 0);
+                    assert_eq!(done.load(Ordering::SeqCst), 1, "the block was freed under the queued memset");
+                }
+
+                fn destroying_a_stream_waits_for_work_on_its_memory() {
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s);
+                    busy(&s, 100);
+                    a.memset_async(3, N, Some(&s)).unwrap();
+                    let done = Arc::new(AtomicUsize::new(0));
+                    let d = Arc::clone(&done);
+                    s.launch_host_func(move || {
+                        d.fetch_add(1, Ordering::SeqCst);
+                    })
+                    .unwrap();
+                    drop(a);
+                    // The arena keyed by the stream's handle may serve a new stream with the same
+                    // handle: the old stream's work on its memory is done before it goes.
+                    drop(s);
+                    assert_eq!(done.load(Ordering::SeqCst), 1, "the stream went with work on its memory queued");
+                }
+
+                fn a_graph_launched_on_another_stream_waits_for_work_queued_before_its_capture() {
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let other = Stream::non_blocking().unwrap();
+                    let a = own_stream_chunk(&pool, &s);
+                    busy(&s, 100);
+                    a.memset_async(1, N, Some(&s)).unwrap();
+                    s.begin_capture(None).unwrap();
+                    a.memset_async(2, N, Some(&s)).unwrap();
+                    let g = s.end_capture().unwrap();
+                    g.launch(Some(&other)).unwrap();
+                    other.synchronize().unwrap();
+                    s.synchronize().unwrap();
+                    assert!(read(&a, N).iter().all(|&x| x == 2), "the replay ran before the eager memset");
+                }
+
+                fn a_synchronous_memset_is_ordered_with_another_threads_memset_on_the_memorys_stream() {
+                    let rounds = race_rounds();
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let p = own_stream_chunk(&pool, &s);
+                    let q = p.clone();
+                    let t = std::thread::spawn(move || {
+                        for _ in 0..rounds {
+                            q.memset(0x22, N).unwrap();
+                        }
+                    });
+                    for _ in 0..rounds {
+                        p.memset_async(0x33, N, Some(&s)).unwrap();
+                    }
+                    s.synchronize().unwrap();
+                    t.join().unwrap();
+                    assert_one_value(&read(&p, N), &[0x22, 0x33]);
                 }
 
                 // RACE01-03: two threads touching the same bytes through gpumem at once. Each

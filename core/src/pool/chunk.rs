@@ -57,6 +57,23 @@ impl<R: RawAllocator> PooledMemory<R> {
         (self.tag != 0 && self.tag & RECORDED == 0).then(|| ArenaKey::from_raw(self.tag.wrapping_sub(1)))
     }
 
+    /// The arena key of the stream whose order makes reusing this chunk safe without waiting:
+    /// its arena's stream (lane 0), for a chunk lent to that stream by a pool whose allocator
+    /// waits for queued work before it frees ([`RawAllocator::WAITS_FOR_QUEUED_WORK`]). Work
+    /// queued on that stream needs nothing to keep the chunk alive: after its free, the pool
+    /// lends it again only to that stream's later work (another stream borrows it only after
+    /// waiting for this one), and its block is freed only after the device's work. `None` for a
+    /// zero-size allocation, a chunk borrowed by another stream, and pools on other allocators.
+    #[must_use]
+    #[inline]
+    pub fn reuse_stream(&self) -> Option<ArenaKey> {
+        if !R::WAITS_FOR_QUEUED_WORK {
+            return None;
+        }
+        let arena = self.arena.as_ref()?;
+        self.borrower().is_none().then(|| arena.get().key.stream_key())
+    }
+
     /// Marks the chunk as recorded by the planner under `tag` (a chunk borrowed from another
     /// stream's arena keeps its mark, and its free goes unrecorded: the planner then leaves that
     /// allocation to the pool).

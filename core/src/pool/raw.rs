@@ -28,6 +28,14 @@ pub trait RawAllocator: Send + Sync + 'static {
     /// What one allocation returns.
     type Block: RawBlock;
 
+    /// Whether dropping or shrinking one of this allocator's blocks first waits for the work
+    /// queued on its device. With it, a chunk may go back to its arena while work queued on the
+    /// arena's stream still uses it: the pool lends it again only to that stream's later work
+    /// (or across streams behind a [`StreamOrder`](super::StreamOrder)), and the memory itself
+    /// outlives the work. The runtime then queues work on a chunk's own stream without keeping
+    /// the chunk alive (see [`PooledMemory::reuse_stream`](super::PooledMemory::reuse_stream)).
+    const WAITS_FOR_QUEUED_WORK: bool = false;
+
     /// Allocates `size > 0` bytes on `device`.
     ///
     /// # Errors

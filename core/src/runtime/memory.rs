@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::counting::Counted;
-use crate::pool::{PooledMemory, RawAllocator, RawBlock};
+use crate::pool::{ArenaKey, PooledMemory, RawAllocator, RawBlock};
 use crate::runtime::device::current_device;
 use crate::runtime::state::{record_drop_error, Runtime};
 
@@ -25,7 +25,11 @@ use crate::runtime::state::{record_drop_error, Runtime};
 /// Implementors promise that `ptr()..ptr() + size()` is device memory of backend `B` on
 /// `device_id()` (or, for `size() == 0`, that nothing is promised and `ptr()` may be 0), valid
 /// for reads and writes by the runtime for as long as the object lives, and that the three
-/// values never change. gpumem's safe copies rely on it.
+/// values never change. gpumem's safe copies rely on it. An implementor that returns `Some` from
+/// [`reuse_stream`](Self::reuse_stream) promises more: the range stays valid for the work queued
+/// on that stream until the stream has passed it, even after the object is dropped, and is used
+/// meanwhile only by that stream's later work (a pool's stream-ordered reuse, on blocks freed
+/// only after the device's queued work).
 pub unsafe trait BaseMemory<B: Runtime>: Send + Sync + fmt::Debug + 'static {
     /// The start address.
     fn ptr(&self) -> DevicePtr;
@@ -45,6 +49,13 @@ pub unsafe trait BaseMemory<B: Runtime>: Send + Sync + fmt::Debug + 'static {
     /// The [`Pool::uid`](crate::pool::Pool::uid) of the pool that lent this memory; `None` for
     /// memory no pool lent.
     fn pool_uid(&self) -> Option<usize> {
+        None
+    }
+    /// For a pool's chunk whose reuse the pool orders on a stream: that stream's arena key (see
+    /// [`PooledMemory::reuse_stream`]). Work gpumem queues on that stream then keeps nothing
+    /// alive for this memory. `None` (the default) for other memory, which queued work keeps
+    /// alive until it is done.
+    fn reuse_stream(&self) -> Option<ArenaKey> {
         None
     }
 }
@@ -209,6 +220,9 @@ where
     fn pool_uid(&self) -> Option<usize> {
         PooledMemory::pool_uid(self)
     }
+    fn reuse_stream(&self) -> Option<ArenaKey> {
+        PooledMemory::reuse_stream(self)
+    }
 }
 
 // SAFETY: every method forwards to the inner block, a memory object of `B` that the counted
@@ -266,5 +280,8 @@ unsafe impl<B: Runtime> BaseMemory<B> for Box<dyn BaseMemory<B>> {
     }
     fn pool_uid(&self) -> Option<usize> {
         (**self).pool_uid()
+    }
+    fn reuse_stream(&self) -> Option<ArenaKey> {
+        (**self).reuse_stream()
     }
 }

@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
-use crate::pool::{PooledMemory, RawAllocator};
+use crate::pool::{ArenaKey, PooledMemory, RawAllocator};
 use crate::runtime::device::Device;
 use crate::runtime::memory::BaseMemory;
 use crate::runtime::pools::DeviceAllocator;
@@ -152,6 +152,8 @@ struct Held<B: Runtime> {
     base: DevicePtr,
     size: usize,
     device: DeviceId,
+    /// [`BaseMemory::reuse_stream`], also fixed for the memory's life.
+    reuse: Option<ArenaKey>,
     owner: Owner<B>,
 }
 
@@ -175,7 +177,13 @@ enum Owner<B: Runtime> {
 
 impl<B: Runtime> Held<B> {
     fn shared(mem: Arc<dyn BaseMemory<B>>) -> Self {
-        Held { base: mem.ptr(), size: mem.size(), device: mem.device_id(), owner: Owner::Shared(mem) }
+        Held {
+            base: mem.ptr(),
+            size: mem.size(),
+            device: mem.device_id(),
+            reuse: mem.reuse_stream(),
+            owner: Owner::Shared(mem),
+        }
     }
 
     #[inline]
@@ -184,6 +192,7 @@ impl<B: Runtime> Held<B> {
             base: chunk.ptr(),
             size: chunk.size(),
             device: chunk.device_id(),
+            reuse: chunk.reuse_stream(),
             owner: Owner::Inline { chunk: Mutex::new(Some(chunk)), shared: OnceLock::new() },
         }
     }
@@ -276,7 +285,7 @@ impl<B: Runtime> Clone for MemoryPointer<B> {
         let m = &self.mem;
         let owner = Owner::Shared(Arc::clone(m.arc()));
         MemoryPointer {
-            mem: Held { base: m.base, size: m.size, device: m.device, owner },
+            mem: Held { base: m.base, size: m.size, device: m.device, reuse: m.reuse, owner },
             offset: self.offset,
         }
     }
@@ -398,6 +407,13 @@ impl<B: Runtime> MemoryPointer<B> {
     #[inline]
     pub(crate) fn check(&self, len: usize, operation: &'static str) -> Result<DevicePtr> {
         self.offset.check(self.mem.base, self.mem.size, len, operation)
+    }
+
+    /// The stream whose order makes reusing this memory safe (see [`BaseMemory::reuse_stream`]),
+    /// with the memory's device: work queued there keeps nothing alive.
+    #[inline]
+    pub(crate) fn reuse_stream(&self) -> Option<(DeviceId, ArenaKey)> {
+        self.mem.reuse.map(|key| (self.mem.device, key))
     }
 
     /// The start address and size of the whole memory.

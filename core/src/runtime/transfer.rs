@@ -15,7 +15,7 @@ use crate::runtime::staging::{self, Direction};
 use crate::runtime::state::Runtime;
 use std::sync::Arc;
 
-use crate::runtime::stream::inflight::{self, Keep, Range, Target};
+use crate::runtime::stream::inflight::{self, Keep, Range, Reuse, Target};
 use crate::runtime::stream::{self, Stream};
 
 const SYNC_WHILE_CAPTURING: &str = "the current stream is capturing, so synchronous API calls are disallowed";
@@ -97,18 +97,21 @@ fn keep_pinned<B: Runtime>(p: &PinnedMemoryPointer<B>) -> Keep<B> {
 }
 
 /// Queues `op` on `stream` (or the current stream): ordered after queued work of other streams on
-/// the same bytes, and keeping `keeps` alive until the stream has passed it.
+/// the same bytes, and keeping what `keeps` gives alive until the stream has passed it, unless all
+/// of it is memory whose reuse that stream orders (`reuse`, one for each range; see
+/// [`inflight::Queueing::finish`]).
 fn queue<B: Runtime, const N: usize>(
     stream: Option<&Stream<B>>,
     ranges: [Range; N],
-    keeps: [Keep<B>; N],
+    reuse: [Option<Reuse>; N],
+    keeps: impl FnOnce() -> [Keep<B>; N],
     op: impl FnOnce(&Target<B>) -> Result<()>,
 ) -> Result<()> {
     let target = stream::target::<B>(stream);
     // SAFETY: the handle `target` gave is live for this call.
-    let queueing = unsafe { inflight::begin(target, &ranges) }?;
+    let queueing = unsafe { inflight::begin(target, &ranges, &reuse) }?;
     op(&target)?;
-    queueing.keep(keeps, &ranges)
+    queueing.finish(&ranges, &reuse, keeps)
 }
 
 /// Refuses an asynchronous operation on `p`'s memory queued on a stream of another device, as
@@ -167,12 +170,16 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
-        inflight::access::<B, _>(&[span(dst_ptr, size), span(src_ptr, size)], || {
-            // SAFETY: both ranges were checked against live memory objects of `B` that `self`
-            // and `src` keep alive for the duration of this synchronous call; they do not
-            // overlap, and no other operation through gpumem touches them until it returns.
-            unsafe { B::memcpy(self.device_id(), dst_ptr, src_ptr, size) }
-        })
+        inflight::access::<B, _>(
+            &[span(dst_ptr, size), span(src_ptr, size)],
+            &[self.reuse_stream(), src.reuse_stream()],
+            || {
+                // SAFETY: both ranges were checked against live memory objects of `B` that `self`
+                // and `src` keep alive for the duration of this synchronous call; they do not
+                // overlap, and no other operation through gpumem touches them until it returns.
+                unsafe { B::memcpy(self.device_id(), dst_ptr, src_ptr, size) }
+            },
+        )
     }
 
     /// Copies `size` bytes from device memory `src` to this pointer, ordered on `stream` (or the
@@ -196,11 +203,17 @@ impl<B: Runtime> MemoryPointer<B> {
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
         let ranges = [span(dst_ptr, size), span(src_ptr, size)];
-        queue(stream, ranges, [keep_of(self), keep_of(src)], |t| {
-            // SAFETY: both ranges were checked against live memory of `B`, which the queue keeps
-            // alive until the stream has passed the copy.
-            unsafe { B::memcpy_async(t.device, dst_ptr, src_ptr, size, t.handle) }
-        })
+        queue(
+            stream,
+            ranges,
+            [self.reuse_stream(), src.reuse_stream()],
+            || [keep_of(self), keep_of(src)],
+            |t| {
+                // SAFETY: both ranges were checked against live memory of `B`, which the queue keeps
+                // alive until the stream has passed the copy.
+                unsafe { B::memcpy_async(t.device, dst_ptr, src_ptr, size, t.handle) }
+            },
+        )
     }
 
     fn device_ranges(
@@ -259,7 +272,7 @@ impl<B: Runtime> MemoryPointer<B> {
         }
         let plan = if pageable { staging::plan::<B>(size)? } else { None };
         let ranges = [span(dst, size), if pageable { span(0, 0) } else { span(src as usize, size) }];
-        inflight::access::<B, _>(&ranges, || match plan {
+        inflight::access::<B, _>(&ranges, &[self.reuse_stream()], || match plan {
             // SAFETY: the device range was checked against `self`'s memory and no other
             // operation through gpumem touches it until this returns; the host range is only
             // read (the caller's promise).
@@ -292,11 +305,17 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let ranges = [span(dst, size), span(host, size)];
-        queue(stream, ranges, [keep_of(self), keep_pinned(src)], |t| {
-            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
-            // until the stream has passed the copy.
-            unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
-        })
+        queue(
+            stream,
+            ranges,
+            [self.reuse_stream(), None],
+            || [keep_of(self), keep_pinned(src)],
+            |t| {
+                // SAFETY: both ranges were checked against live memory, which the queue keeps alive
+                // until the stream has passed the copy.
+                unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
+            },
+        )
     }
 
     /// Copies `size` bytes from a raw host address, ordered on `stream` (or the current stream).
@@ -320,11 +339,17 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        queue(stream, [span(dst, size)], [keep_of(self)], |t| {
-            // SAFETY: the device range was checked and is kept alive by the queue; the host range
-            // is the caller's promise.
-            unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
-        })
+        queue(
+            stream,
+            [span(dst, size)],
+            [self.reuse_stream()],
+            || [keep_of(self)],
+            |t| {
+                // SAFETY: the device range was checked and is kept alive by the queue; the host range
+                // is the caller's promise.
+                unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
+            },
+        )
     }
 
     /// Copies `size` bytes from this pointer into `dst` (pageable host memory), on the legacy
@@ -358,7 +383,7 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let plan = staging::plan::<B>(size)?;
-        inflight::access::<B, _>(&[span(src, size)], || match plan {
+        inflight::access::<B, _>(&[span(src, size)], &[self.reuse_stream()], || match plan {
             // SAFETY: the device range was checked against `self`'s memory and no other
             // operation through gpumem touches it until this returns; the host range is the
             // caller's promise.
@@ -388,11 +413,17 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let ranges = [span(src, size), span(host, size)];
-        queue(stream, ranges, [keep_of(self), keep_pinned(dst)], |t| {
-            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
-            // until the stream has passed the copy.
-            unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
-        })
+        queue(
+            stream,
+            ranges,
+            [self.reuse_stream(), None],
+            || [keep_of(self), keep_pinned(dst)],
+            |t| {
+                // SAFETY: both ranges were checked against live memory, which the queue keeps alive
+                // until the stream has passed the copy.
+                unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
+            },
+        )
     }
 
     /// Copies `size` bytes from this pointer to a raw host address, ordered on `stream`.
@@ -416,11 +447,17 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        queue(stream, [span(src, size)], [keep_of(self)], |t| {
-            // SAFETY: the device range was checked and is kept alive by the queue; the host range
-            // is the caller's promise.
-            unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
-        })
+        queue(
+            stream,
+            [span(src, size)],
+            [self.reuse_stream()],
+            || [keep_of(self)],
+            |t| {
+                // SAFETY: the device range was checked and is kept alive by the queue; the host range
+                // is the caller's promise.
+                unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
+            },
+        )
     }
 
     /// Copies `size` bytes from device or host memory, choosing [`copy_from_device`] or
@@ -478,7 +515,7 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        inflight::access::<B, _>(&[span(dst, size)], || {
+        inflight::access::<B, _>(&[span(dst, size)], &[self.reuse_stream()], || {
             // SAFETY: the range was checked against live memory of `B`, and no other operation
             // through gpumem touches it until this returns.
             unsafe { B::memset(self.device_id(), dst, value, size) }
@@ -497,11 +534,17 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         check_stream_device(self, stream)?;
-        queue(stream, [span(dst, size)], [keep_of(self)], |t| {
-            // SAFETY: the range was checked and the queue keeps the memory alive until the
-            // stream has passed the memset.
-            unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
-        })
+        queue(
+            stream,
+            [span(dst, size)],
+            [self.reuse_stream()],
+            || [keep_of(self)],
+            |t| {
+                // SAFETY: the range was checked and the queue keeps the memory alive until the
+                // stream has passed the memset.
+                unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
+            },
+        )
     }
 
     /// Keeps this pointer's memory alive until `stream` has passed the work queued on it so far:
@@ -515,6 +558,6 @@ impl<B: Runtime> MemoryPointer<B> {
     pub fn record_stream(&self, stream: &Stream<B>) -> Result<()> {
         let (start, len) = self.memory_span();
         let range = span(start, len);
-        queue(Some(stream), [range], [keep_of(self)], |_| Ok(()))
+        queue(Some(stream), [range], [self.reuse_stream()], || [keep_of(self)], |_| Ok(()))
     }
 }

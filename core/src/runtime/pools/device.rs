@@ -2,6 +2,7 @@
 //! or, with expandable segments, blocks that grow in place on the virtual-memory API.
 
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::sync::Arc;
 
 use crate::error::Result;
@@ -9,7 +10,8 @@ use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::expandable::{ExpandableAllocator, Segment, DEFAULT_RESERVE};
 use crate::pool::{expandable_segments_from_env, RawAllocator, RawBlock};
 use crate::runtime::memory::{BaseMemory, Memory};
-use crate::runtime::state::Runtime;
+use crate::runtime::state::{drop_outside_callbacks, record_drop_error, Runtime};
+use crate::runtime::stream::inflight;
 
 /// The runtime's device allocator. Each raw block is a [`Memory`] (`cuMemAlloc`), or, made with
 /// [`DeviceAllocator::expandable`] (or from `GPUMEM_EXPANDABLE_SEGMENTS`), a growing
@@ -88,33 +90,64 @@ impl<B: Runtime> fmt::Debug for DeviceAllocator<B> {
     }
 }
 
-/// A raw block of a [`DeviceAllocator`].
+/// A raw block of a [`DeviceAllocator`]: one device allocation, or a growing block of reserved
+/// address space.
+///
+/// Dropping or shrinking a block first waits for the work queued on its device with no event
+/// ([`RawAllocator::WAITS_FOR_QUEUED_WORK`]): work gpumem queues on a chunk's own stream does not
+/// keep the chunk alive (the pool's stream-ordered reuse makes that safe), so the block must not
+/// go back to the device under it. `cuMemFree` waits for the device on its own; `cuMemUnmap`, the
+/// host backend's free and HIP's do not. The wait is on events of the streams that queued such
+/// work (not a device-wide wait, which a capture elsewhere forbids), and releases are rare
+/// (`free_all_blocks`, the out-of-memory ladder and the releasing policies' misses); PyTorch
+/// waits for the device before it unmaps. A block whose wait fails (a lost device) is kept,
+/// never freed under work that may still run, and the error is kept for the next `synchronize`.
 #[derive(Debug)]
-pub enum DeviceBlock<B: Runtime> {
-    /// One device allocation.
+pub struct DeviceBlock<B: Runtime>(ManuallyDrop<Block<B>>);
+
+#[derive(Debug)]
+enum Block<B: Runtime> {
     Fixed(Memory<B>),
-    /// A growing block of reserved address space.
     Growing(Segment<B>),
 }
 
 impl<B: Runtime> RawBlock for DeviceBlock<B> {
     fn address(&self) -> DevicePtr {
-        match self {
-            DeviceBlock::Fixed(m) => BaseMemory::<B>::ptr(m),
-            DeviceBlock::Growing(s) => s.address(),
+        match &*self.0 {
+            Block::Fixed(m) => BaseMemory::<B>::ptr(m),
+            Block::Growing(s) => s.address(),
         }
     }
     fn size(&self) -> usize {
-        match self {
-            DeviceBlock::Fixed(m) => BaseMemory::<B>::size(m),
-            DeviceBlock::Growing(s) => s.size(),
+        match &*self.0 {
+            Block::Fixed(m) => BaseMemory::<B>::size(m),
+            Block::Growing(s) => s.size(),
         }
     }
     fn device(&self) -> DeviceId {
-        match self {
-            DeviceBlock::Fixed(m) => m.device_id(),
-            DeviceBlock::Growing(s) => s.device(),
+        match &*self.0 {
+            Block::Fixed(m) => m.device_id(),
+            Block::Growing(s) => s.device(),
         }
+    }
+}
+
+impl<B: Runtime> Drop for DeviceBlock<B> {
+    fn drop(&mut self) {
+        // SAFETY: taken once, here, and `self.0` is not used again.
+        let block = unsafe { ManuallyDrop::take(&mut self.0) };
+        let device = match &block {
+            Block::Fixed(m) => m.device_id(),
+            Block::Growing(s) => s.device(),
+        };
+        // A host function cannot wait for its own device: the release runs after it.
+        drop_outside_callbacks::<B>(move || match inflight::wait_unrecorded::<B>(device) {
+            Ok(()) => drop(block),
+            Err(e) => {
+                record_drop_error::<B>(e);
+                std::mem::forget(block);
+            }
+        });
     }
 }
 
@@ -133,9 +166,9 @@ unsafe impl<B: Runtime> BaseMemory<B> for DeviceBlock<B> {
         self.device()
     }
     fn identity(&self) -> &'static str {
-        match self {
-            DeviceBlock::Fixed(_) => "Memory",
-            DeviceBlock::Growing(_) => "ExpandableSegment",
+        match &*self.0 {
+            Block::Fixed(_) => "Memory",
+            Block::Growing(_) => "ExpandableSegment",
         }
     }
 }
@@ -143,11 +176,14 @@ unsafe impl<B: Runtime> BaseMemory<B> for DeviceBlock<B> {
 impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
     type Block = DeviceBlock<B>;
 
+    const WAITS_FOR_QUEUED_WORK: bool = true;
+
     fn allocate(&self, device: DeviceId, size: usize) -> Result<DeviceBlock<B>> {
-        match &self.mode {
-            Mode::Growing(g) => g.allocate(device, size).map(DeviceBlock::Growing),
-            Mode::FromEnvironment | Mode::Fixed => Memory::new_on(device, size).map(DeviceBlock::Fixed),
-        }
+        let block = match &self.mode {
+            Mode::Growing(g) => g.allocate(device, size).map(Block::Growing),
+            Mode::FromEnvironment | Mode::Fixed => Memory::new_on(device, size).map(Block::Fixed),
+        };
+        block.map(|b| DeviceBlock(ManuallyDrop::new(b)))
     }
 
     fn expandable(&self) -> bool {
@@ -162,15 +198,24 @@ impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
     }
 
     fn grow(&self, block: &mut DeviceBlock<B>, extra: usize) -> Result<bool> {
-        match (&self.mode, block) {
-            (Mode::Growing(g), DeviceBlock::Growing(s)) => g.grow(s, extra),
+        match (&self.mode, &mut *block.0) {
+            (Mode::Growing(g), Block::Growing(s)) => g.grow(s, extra),
             _ => Ok(false),
         }
     }
 
     fn shrink(&self, block: &mut DeviceBlock<B>, bytes: usize) -> Result<usize> {
-        match (&self.mode, block) {
-            (Mode::Growing(g), DeviceBlock::Growing(s)) => g.shrink(s, bytes),
+        match (&self.mode, &mut *block.0) {
+            (Mode::Growing(g), Block::Growing(s)) => {
+                // Unmapping does not wait for queued work, which may still use the tail: a failed
+                // wait refuses the shrink, and the tail stays mapped and cached. A host function
+                // cannot wait for its own device: it shrinks nothing.
+                if crate::runtime::stream::callback::in_callback() {
+                    return Ok(0);
+                }
+                inflight::wait_unrecorded::<B>(s.device())?;
+                g.shrink(s, bytes)
+            }
             _ => Ok(0),
         }
     }

@@ -50,6 +50,9 @@ pub struct Graph<B: Runtime> {
 /// What a graph's work reaches, shared with its queued launches.
 pub(crate) struct GraphParts<B: Runtime> {
     record: CaptureRecord<B>,
+    /// The streams whose order covers the captured memory's reuse, once each: a launch on
+    /// another stream waits for the work they queued on it with no event.
+    reuse: Vec<Option<inflight::Reuse>>,
 }
 
 impl<B: Runtime> fmt::Debug for Graph<B> {
@@ -64,7 +67,8 @@ impl<B: Runtime> fmt::Debug for Graph<B> {
 
 impl<B: Runtime> Graph<B> {
     pub(crate) fn new(raw: B::Graph, device: DeviceId, record: CaptureRecord<B>) -> Self {
-        Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record }) }
+        let reuse = record.reuse_streams();
+        Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record, reuse }) }
     }
 
     fn raw(&self) -> &B::Graph {
@@ -87,7 +91,7 @@ impl<B: Runtime> Graph<B> {
         let target = stream::target::<B>(stream);
         let ranges = &self.parts.record.ranges;
         // SAFETY: the handle `target` gave is live for this call.
-        let queueing = unsafe { inflight::begin(target, ranges) }?;
+        let queueing = unsafe { inflight::begin(target, ranges, &self.parts.reuse) }?;
         // SAFETY: as above.
         unsafe { B::graph_launch(target.device, self.raw(), target.handle) }?;
         queueing.keep([inflight::Keep::Other(Arc::clone(&self.parts) as Arc<dyn Any + Send + Sync>)], ranges)

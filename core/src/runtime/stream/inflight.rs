@@ -20,6 +20,23 @@
 //! operation another thread queues meanwhile on the same bytes waits for it to end. Memory reached only through raw addresses (a kernel of the program's own) is kept
 //! with [`MemoryPointer::record_stream`](crate::MemoryPointer::record_stream).
 //!
+//! Work on memory of its own stream is the exception: a pool chunk allocated on the stream the
+//! operation is queued on ([`BaseMemory::reuse_stream`]), when that stream lasts (gpumem owns it,
+//! or it is the null or legacy stream) and does not capture. Such an operation keeps nothing and
+//! records no event; the stream is only noted as having work with no event (`Unrecorded`). That
+//! is sound because nothing else can reach the chunk before that work has run:
+//! - after its free the pool lends the chunk again only to the same stream's later work (another
+//!   stream borrows it only after waiting for this one, see `pools::share`);
+//! - a raw block goes back to the device only after [`wait_unrecorded`];
+//! - an owned stream waits for its work before it is destroyed or given up ([`forget_stream`]),
+//!   since its arena, keyed by its handle, may serve a new stream with the same handle;
+//! - whatever else touches the memory (a synchronous access, another stream's operation, a
+//!   graph launched elsewhere) first waits for an event recorded then on the chunk's stream,
+//!   which covers everything queued there so far; a capture records one before it begins.
+//!
+//! The noting is done under the same lock as everything else here, so the ordering still holds
+//! across threads.
+//!
 //! A stream that joined a gpumem capture through an event (a fork) captures into the same graph:
 //! what its work touches goes to that graph too, found by the capture's id
 //! ([`GraphOps::capture_id`](crate::hal::GraphOps::capture_id)). A capture gpumem did not begin
@@ -133,6 +150,37 @@ pub(crate) struct Target<B: Runtime> {
     pub(crate) handle: B::Stream,
     pub(crate) device: DeviceId,
     pub(crate) identity: ArenaKey,
+    /// The stream outlives the work queued on it, as far as gpumem can tell, and any thread can
+    /// queue on its handle: a stream gpumem owns (it waits for the stream's work before destroying
+    /// it, see [`forget_stream`]) or the null or legacy stream. Work on it may go without an event
+    /// (see [`Queueing::finish`]); not on a foreign stream (its owner may destroy it and a new
+    /// stream take its handle, and so its arena) nor on a per-thread default stream (other
+    /// threads cannot name it).
+    pub(crate) lasting: bool,
+}
+
+impl<B: Runtime> Target<B> {
+    /// The stream as memory names the stream that orders its reuse.
+    fn as_reuse(&self) -> Reuse {
+        (self.device, self.identity)
+    }
+}
+
+/// The stream whose order makes reusing some memory safe: the memory's device and the stream's
+/// arena key (see [`BaseMemory::reuse_stream`]).
+pub(crate) type Reuse = (DeviceId, ArenaKey);
+
+/// Work queued with no event on a stream, on memory whose reuse that stream orders: what an
+/// operation of another stream, or a synchronous access, on such memory must wait for. It waits
+/// for everything queued on the stream up to then (an event recorded at that moment): more than
+/// the accesses to its bytes, which no one counted, never less.
+struct Unrecorded<B: Runtime> {
+    stream: Reuse,
+    handle: B::Stream,
+    /// Work was queued on the stream with no event since `last` was recorded.
+    pending: bool,
+    /// Recorded behind the stream's work when an order was last asked for.
+    last: Option<Event<B>>,
 }
 
 impl<B: Runtime> Clone for Target<B> {
@@ -161,9 +209,53 @@ struct Queues<B: Runtime> {
     /// Events of released entries, for the next ones (under the same lock, so that queueing an
     /// operation takes one lock).
     spare: Vec<Event<B>>,
+    /// The streams with work queued on their own memory with no event (one each: a handful).
+    unrecorded: Vec<Unrecorded<B>>,
 }
 
 impl<B: Runtime> Queues<B> {
+    /// An event for `device`: a spare one, or a new one.
+    fn event_for(&mut self, device: DeviceId) -> Result<Event<B>> {
+        #[cfg(test)]
+        probe::EVENTS.with(|n| n.set(n.get() + 1));
+        match self.spare.iter().position(|e| e.device_id() == device) {
+            Some(i) => Ok(self.spare.swap_remove(i)),
+            None => {
+                Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() })
+            }
+        }
+    }
+
+    /// Notes work queued with no event on `target`, on memory whose reuse it orders.
+    fn note_unrecorded(&mut self, target: &Target<B>) {
+        let stream = target.as_reuse();
+        match self.unrecorded.iter_mut().find(|u| u.stream == stream) {
+            Some(u) => u.pending = true,
+            None => {
+                self.unrecorded.push(Unrecorded { stream, handle: target.handle, pending: true, last: None })
+            }
+        }
+    }
+
+    /// An event that completes once the work queued with no event on `stream` so far has run
+    /// (recorded now when work came since the last one); `None` when there is none.
+    fn unrecorded_done(&mut self, stream: Reuse) -> Result<Option<Event<B>>> {
+        let Some(at) = self.unrecorded.iter().position(|u| u.stream == stream) else {
+            return Ok(None);
+        };
+        if self.unrecorded[at].pending {
+            let event = self.event_for(stream.0)?;
+            let u = &mut self.unrecorded[at];
+            // SAFETY: the stream outlives its entry here: an owned stream's entry is taken out
+            // (`forget_stream`) before the stream is destroyed, and the default streams live for
+            // good.
+            unsafe { B::event_record(stream.0, event.raw(), u.handle) }?;
+            u.last = Some(event);
+            u.pending = false;
+        }
+        Ok(self.unrecorded[at].last.clone())
+    }
+
     fn all(&self) -> impl Iterator<Item = &Entry<B>> {
         self.by_stream.values().flatten()
     }
@@ -223,6 +315,19 @@ pub(crate) struct CapturedMemory<B: Runtime> {
 }
 
 impl<B: Runtime> CaptureRecord<B> {
+    /// The streams whose order makes reusing the captured memory safe, once each: a launch waits
+    /// for the work they queued on it with no event.
+    pub(crate) fn reuse_streams(&self) -> Vec<Option<Reuse>> {
+        let mut streams: Vec<Option<Reuse>> = Vec::new();
+        for m in self.memory.values() {
+            let stream = m.mem.reuse_stream().map(|key| (m.mem.device_id(), key));
+            if stream.is_some() && !streams.contains(&stream) {
+                streams.push(stream);
+            }
+        }
+        streams
+    }
+
     /// What the record holds for the graph, in all.
     pub(crate) fn n_kept(&self) -> usize {
         self.keeps.len() + self.memory.len()
@@ -315,6 +420,7 @@ impl<B: Runtime> InFlight<B> {
                 busy: Vec::new(),
                 next_access: 0,
                 spare: Vec::new(),
+                unrecorded: Vec::new(),
             }),
             access_ended: Condvar::new(),
             n_entries: AtomicUsize::new(0),
@@ -370,13 +476,20 @@ pub(crate) struct Queueing<'a, B: Runtime> {
     record: Option<ArenaKey>,
 }
 
-/// Prepares an asynchronous operation on `target` touching `ranges`: takes the capture lock, and
-/// orders the stream after queued operations of other streams on overlapping bytes.
+/// Prepares an asynchronous operation on `target` touching `ranges` of memory whose reuse the
+/// streams `reuse` order (one for each piece of memory; `None` for memory no stream's order
+/// covers): takes the capture lock, and orders the stream after queued operations of other
+/// streams on overlapping bytes, and after the work other streams queued with no event on that
+/// memory.
 ///
 /// # Safety
 ///
 /// `target.handle` is live for as long as the returned value.
-pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> Result<Queueing<'static, B>> {
+pub(crate) unsafe fn begin<B: Runtime>(
+    target: Target<B>,
+    ranges: &[Range],
+    reuse: &[Option<Reuse>],
+) -> Result<Queueing<'static, B>> {
     let inflight = &B::globals().inflight;
     if inflight.n_entries.load(Ordering::Relaxed) >= inflight.collect_at.load(Ordering::Relaxed) {
         collect::<B>();
@@ -392,10 +505,16 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
     };
     let mut entries = None;
     if !capturing && !ranges.is_empty() {
-        let locked = lock_when_free::<B>(ranges, "queueing work on bytes a synchronous access is using")?;
+        let mut locked = lock_when_free::<B>(ranges, "queueing work on bytes a synchronous access is using")?;
         for event in locked.overlapping(ranges, |stream| *stream != target.identity) {
             // SAFETY: the caller keeps the handle live.
             unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
+        }
+        for &stream in reuse.iter().flatten().filter(|&&r| r != target.as_reuse()) {
+            if let Some(event) = locked.unrecorded_done(stream)? {
+                // SAFETY: as above.
+                unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
+            }
         }
         entries = Some(locked);
     }
@@ -403,6 +522,34 @@ pub(crate) unsafe fn begin<B: Runtime>(target: Target<B>, ranges: &[Range]) -> R
 }
 
 impl<B: Runtime> Queueing<'_, B> {
+    /// Ends the operation just queued, which touched `ranges` of memory whose reuse the streams
+    /// `reuse` order: when that is all memory of the operation's own stream (and the stream
+    /// lasts and does not capture), it keeps nothing and records no event. The pool lends that
+    /// memory again only to the stream's later work, and frees it only after the device's work,
+    /// so nothing needs keeping; the stream is only noted, for the operations of other streams
+    /// and the synchronous accesses that must wait for it. Otherwise it keeps what `keeps` gives
+    /// (see [`Queueing::keep`]).
+    ///
+    /// # Errors
+    ///
+    /// As [`Queueing::keep`].
+    pub(crate) fn finish<K: IntoIterator<Item = Keep<B>>>(
+        self,
+        ranges: &[Range],
+        reuse: &[Option<Reuse>],
+        keeps: impl FnOnce() -> K,
+    ) -> Result<()> {
+        let own = Some(self.target.as_reuse());
+        if self.target.lasting && !self.capturing && !reuse.is_empty() && reuse.iter().all(|r| *r == own) {
+            drop(self.captures);
+            let inflight = &B::globals().inflight;
+            let mut entries = self.entries.unwrap_or_else(|| counted(inflight.entries.lock()));
+            entries.note_unrecorded(&self.target);
+            return Ok(());
+        }
+        self.keep(keeps(), ranges)
+    }
+
     /// Keeps `keeps` until the stream has passed the operation just queued (or, while the stream
     /// captures, until the graph is dropped).
     ///
@@ -430,15 +577,7 @@ impl<B: Runtime> Queueing<'_, B> {
         // the entry is in: the spare event is taken and recorded under it.
         let mut entries = self.entries.unwrap_or_else(|| counted(inflight.entries.lock()));
         let device = self.target.device;
-        let spare = entries.spare.iter().position(|e| e.device_id() == device);
-        let event = match spare.map(|i| entries.spare.swap_remove(i)) {
-            Some(e) => Ok(e),
-            None => {
-                Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() })
-            }
-        };
-        #[cfg(test)]
-        probe::EVENTS.with(|n| n.set(n.get() + 1));
+        let event = entries.event_for(device);
         let recorded = event.and_then(|event| {
             // SAFETY: the caller of `begin` keeps the handle live while `self` exists.
             unsafe { B::event_record(device, event.raw(), self.target.handle) }.map(|()| event)
@@ -510,19 +649,26 @@ pub(crate) fn stream_done<B: Runtime>() {
     collect::<B>();
 }
 
-/// Runs `f`, a synchronous access to the bytes of `ranges`, after the queued operations (of
-/// every stream) that touch them, and with the ranges busy while it runs: an operation another
+/// Runs `f`, a synchronous access to the bytes of `ranges` (of memory whose reuse the streams
+/// `reuse` order), after the queued operations (of every stream) that touch them, and with the ranges busy while it runs: an operation another
 /// thread queues on them, or another synchronous access, waits until `f` has returned.
 ///
 /// # Errors
 ///
 /// The runtime's error waiting for an event; `NotAllowedInCallback` when this is a host function
 /// and the bytes are in use; `f`'s error.
-pub(crate) fn access<B: Runtime, T>(ranges: &[Range], f: impl FnOnce() -> Result<T>) -> Result<T> {
+pub(crate) fn access<B: Runtime, T>(
+    ranges: &[Range],
+    reuse: &[Option<Reuse>],
+    f: impl FnOnce() -> Result<T>,
+) -> Result<T> {
     let operation = "waiting for queued work on the same bytes";
     let (busy, waits) = {
         let mut entries = lock_when_free::<B>(ranges, operation)?;
-        let waits = entries.overlapping(ranges, |_| true);
+        let mut waits = entries.overlapping(ranges, |_| true);
+        for &stream in reuse.iter().flatten() {
+            waits.extend(entries.unrecorded_done(stream)?);
+        }
         if !waits.is_empty() && crate::runtime::stream::callback::in_callback() {
             return Err(crate::Error::NotAllowedInCallback { operation });
         }
@@ -571,7 +717,11 @@ pub(crate) fn wait_all<B: Runtime>() {
 
 /// Registers a capture begun by gpumem on stream `identity`; `start` begins it in the runtime,
 /// under the registry's write lock, and gives the capture's id where the backend names captures.
+///
+/// The work the stream queued with no event before the capture gets its event first: nothing
+/// can be recorded on the stream while it captures, and graphs launched elsewhere may need it.
 pub(crate) fn begin_capture<B: Runtime>(
+    device: DeviceId,
     identity: ArenaKey,
     start: impl FnOnce() -> Result<Option<u64>>,
 ) -> Result<()> {
@@ -580,6 +730,7 @@ pub(crate) fn begin_capture<B: Runtime>(
     }
     let inflight = &B::globals().inflight;
     let mut map = counted(inflight.captures.write());
+    counted(inflight.entries.lock()).unrecorded_done((device, identity))?;
     let id = start()?;
     map.by_stream.insert(identity, Mutex::new(CaptureRecord::default()));
     if let Some(id) = id {
@@ -693,6 +844,46 @@ pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
         None if capturing => map.by_stream.values().for_each(|r| r.lock().forked = true),
         _ => {}
     }
+}
+
+/// Waits for the work queued with no event on the streams of `device`: before memory that work
+/// may use goes back to the device (a raw block of a pool, see
+/// [`RawAllocator::WAITS_FOR_QUEUED_WORK`](crate::pool::RawAllocator::WAITS_FOR_QUEUED_WORK)).
+/// Other work on the memory is kept alive by what it keeps, so a block it uses is not free. Waits
+/// on events, not on the device: another stream may be capturing, which a device-wide wait would
+/// break. Never called from a host function (the caller defers).
+///
+/// # Errors
+///
+/// The runtime's error recording or waiting for an event.
+pub(crate) fn wait_unrecorded<B: Runtime>(device: DeviceId) -> Result<()> {
+    let events = {
+        let mut entries = counted(B::globals().inflight.entries.lock());
+        let streams: Vec<Reuse> =
+            entries.unrecorded.iter().map(|u| u.stream).filter(|s| s.0 == device).collect();
+        let mut events = Vec::with_capacity(streams.len());
+        for stream in streams {
+            events.extend(entries.unrecorded_done(stream)?);
+        }
+        events
+    };
+    for event in events {
+        event.synchronize()?;
+    }
+    Ok(())
+}
+
+/// Forgets the work queued with no event on stream `stream`, which is about to be destroyed (or
+/// given up); `true` when there was such work, which the caller then waits for first: the
+/// stream's arena (keyed by its handle) may serve a new stream with the same handle, whose work
+/// the pool does not order after the old stream's.
+pub(crate) fn forget_stream<B: Runtime>(stream: Reuse) -> bool {
+    let removed = {
+        let mut entries = counted(B::globals().inflight.entries.lock());
+        let at = entries.unrecorded.iter().position(|u| u.stream == stream);
+        at.map(|i| entries.unrecorded.swap_remove(i))
+    };
+    removed.is_some()
 }
 
 /// Holds `keep` for good: for what a foreign capture may reach.

@@ -58,6 +58,10 @@ impl<B: Runtime> Drop for Inner<B> {
         if self.kind == Kind::Owned {
             let (dev, handle) = (self.device_id.unwrap_or(0), self.handle);
             crate::runtime::state::drop_outside_callbacks::<B>(move || {
+                // SAFETY: the handle is live until the destroy below.
+                if let Err(e) = unsafe { finish_unrecorded::<B>(dev, handle) } {
+                    crate::runtime::state::record_drop_error::<B>(e);
+                }
                 // SAFETY: an owned handle came from `B::stream_create` and this is its only
                 // destroy: `Inner` is shared through an `Arc` and this runs once, when the last
                 // clone goes. The stream is gone either way; an error is kept for the next
@@ -68,6 +72,22 @@ impl<B: Runtime> Drop for Inner<B> {
             });
         }
     }
+}
+
+/// Waits for the work queued with no event on the owned stream `handle` of `device`, if there is
+/// any, before the stream is destroyed or given up: its arena (keyed by the handle) may then serve
+/// a new stream that gets the same handle, whose work nothing orders after this stream's.
+///
+/// # Safety
+///
+/// `handle` is a live stream of `device`.
+unsafe fn finish_unrecorded<B: Runtime>(device: DeviceId, handle: B::Stream) -> Result<()> {
+    let identity = ArenaKey::stream(B::stream_to_raw(handle));
+    if inflight::forget_stream::<B>((device, identity)) {
+        // SAFETY: the caller's promise.
+        unsafe { B::stream_synchronize(device, handle) }?;
+    }
+    Ok(())
 }
 
 /// The live stream gpumem owns whose arena key is `key`: how the pool's stream order finds the
@@ -291,6 +311,11 @@ impl<B: Runtime> Stream<B> {
             Ok(mut inner) if inner.kind == Kind::Owned => {
                 // No longer ours to destroy.
                 inner.kind = Kind::External;
+                // SAFETY: the stream is live (this value owned it until now).
+                if let Err(e) = unsafe { finish_unrecorded::<B>(inner.device_id.unwrap_or(0), inner.handle) }
+                {
+                    crate::runtime::state::record_drop_error::<B>(e);
+                }
                 Ok(inner.handle)
             }
             Ok(inner) => Err(Stream { inner: Arc::new(inner) }),
@@ -326,6 +351,22 @@ impl<B: Runtime> Stream<B> {
     /// The device to run this stream's operations in: its own, or the current one.
     pub(crate) fn run_device(&self) -> DeviceId {
         self.inner.device_id.unwrap_or_else(current_device::<B>)
+    }
+
+    /// The stream as the ownership model names it, running in `device`.
+    pub(crate) fn target(&self, device: DeviceId) -> inflight::Target<B> {
+        inflight::Target {
+            handle: self.inner.handle,
+            device,
+            identity: self.arena_key(),
+            lasting: self.lasts(),
+        }
+    }
+
+    /// Whether the stream outlives the work queued on it and any thread can name it (see
+    /// [`inflight::Target::lasting`]): one gpumem owns, or the null or legacy stream.
+    fn lasts(&self) -> bool {
+        self.is_owned() || matches!(self.ptr(), NULL_STREAM_PTR | LEGACY_STREAM_PTR)
     }
 
     /// The pool arena this stream allocates from, computed on the calling thread.
@@ -420,10 +461,8 @@ impl<B: Runtime> Stream<B> {
         let dev = self.run_device();
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
         unsafe { B::stream_wait_event(dev, self.inner.handle, event.raw()) }?;
-        let target =
-            inflight::Target::<B> { handle: self.inner.handle, device: dev, identity: self.arena_key() };
         // SAFETY: as above.
-        unsafe { inflight::after_wait(&target) };
+        unsafe { inflight::after_wait(&self.target(dev)) };
         Ok(())
     }
 
@@ -470,7 +509,7 @@ impl<B: Runtime> Stream<B> {
         F: FnMut() + Send + 'static,
     {
         let dev = self.run_device();
-        let target = inflight::Target { handle: self.inner.handle, device: dev, identity: self.arena_key() };
+        let target = self.target(dev);
         let data = HostFnData::new::<B>(target.identity, Box::new(func));
         // Under the capture lock: a concurrent `begin_capture` cannot come between the decision
         // and the launch (a run-once function captured into a graph would be freed by its first
@@ -570,7 +609,7 @@ impl<B: Runtime> Stream<B> {
             return Err(Error::Unsupported { operation: "begin_capture", backend: B::NAME });
         }
         let identity = self.arena_key();
-        inflight::begin_capture::<B>(identity, || {
+        inflight::begin_capture::<B>(self.run_device(), identity, || {
             // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).
             unsafe { B::begin_capture(self.run_device(), self.inner.handle, mode.unwrap_or_default()) }?;
             // The capture's id finds it from streams that join it. A backend that cannot tell
@@ -727,12 +766,24 @@ pub(crate) fn end_abandoned_capture<B: Runtime>(device: DeviceId, identity: Aren
 
 /// The stream an operation runs on, as the ownership model names it (see [`inflight::Target`]).
 pub(crate) fn target<B: Runtime>(stream: Option<&Stream<B>>) -> inflight::Target<B> {
-    let (handle, device, raw) = resolve::<B>(stream);
-    let identity = match raw {
-        PER_THREAD_STREAM_PTR => per_thread_arena_key(),
-        raw => ArenaKey::stream(raw),
-    };
-    inflight::Target { handle, device, identity }
+    if let Some(s) = stream {
+        return s.target(s.run_device());
+    }
+    // The current stream without making a `Stream` (the default one would be a new allocation
+    // each time).
+    let dev = current_device::<B>();
+    let current =
+        B::thread_state().with(|ts| ts.with_stream_of(dev, |s| s.target(s.device_id().unwrap_or(dev))));
+    current.unwrap_or_else(|| {
+        if per_thread_default_stream() {
+            let handle = B::per_thread_stream();
+            inflight::Target { handle, device: dev, identity: per_thread_arena_key(), lasting: false }
+        } else {
+            let handle = B::null_stream();
+            let identity = ArenaKey::stream(B::stream_to_raw(handle));
+            inflight::Target { handle, device: dev, identity, lasting: true }
+        }
+    })
 }
 
 /// The stream an operation runs on: the one given, or the current one; and the device to run it

@@ -155,32 +155,40 @@ fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
 
     for (what, ours, raw) in rows {
         report(what, ours, raw);
-        // The registry's price, whichever the stream: an event recorded on every operation, one
-        // process-wide lock (and one more on each 16th operation, which releases finished
-        // entries), and no heap allocation of its own beyond the host backend's queued event
-        // record (one per operation) and the release's.
+        assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
+        if what.contains("own stream") {
+            // Work on the memory's own stream: the pool's stream-ordered reuse keeps the memory
+            // safe, so nothing is kept and no event recorded; one lock notes the stream (for
+            // other streams and synchronous accesses that must wait for it), and nothing is
+            // allocated beyond the raw call's own. The registry recorded an event and took 1.02
+            // to 2.94 locks per operation here.
+            assert_eq!(ours.events, 0.0, "{what}: no event");
+            assert!((1.0..1.1).contains(&ours.locks), "{what}: {ours:?}");
+            assert!(ours.allocations - raw.allocations < 0.5, "{what}: {ours:?} against {raw:?}");
+            continue;
+        }
+        // Another stream: an event recorded on every operation, one process-wide lock (and one
+        // more on each 16th operation, which releases finished entries), and no heap allocation
+        // of its own beyond the host backend's queued event record (one per operation) and the
+        // release's. The bounds leave room for releases: how often one runs (a lock, and the
+        // allocations of what it collects) depends on how far the stream's worker lags, which a
+        // loaded machine changes (1.02 to 1.04 locks and 1.04 to 1.61 allocations over the raw
+        // call measured). They still fail on the registry as it was: 2.12 to 2.94 locks, 4.0 to
+        // 5.4 allocations over the raw call.
         assert_eq!(ours.events, 1.0, "{what}: one event per operation");
-        // The bounds leave room for releases: how often one runs (a lock, and the allocations
-        // of what it collects) depends on how far the stream's worker lags, which a loaded
-        // machine changes (1.02 to 1.04 locks and 1.04 to 1.61 allocations over the raw call
-        // measured). They still fail on the registry as it was: 2.12 to 2.94 locks, 4.0 to 5.4
-        // allocations over the raw call.
         assert!((1.0..2.0).contains(&ours.locks), "{what}: {ours:?}");
         assert!(ours.allocations - raw.allocations < 3.0, "{what}: {ours:?} against {raw:?}");
-        assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
     }
 }
 
 /// Work that cannot finish (its stream waits in a host function) lets operations pile up: each
 /// release finds nothing finished, so the next one waits until twice as many wait, and queueing
 /// stays at about one lock per operation (it was two once 16 waited: every operation released).
+/// The memory is the null stream's, so that the work on `s` is kept and recorded.
 #[test]
 fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
     let s = Stream::<Host>::non_blocking().unwrap();
-    let p = {
-        let _current = s.enter().unwrap();
-        alloc::<Host>(OPS * SIZE).unwrap()
-    };
+    let p = alloc::<Host>(OPS * SIZE).unwrap();
     let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let held = std::sync::Arc::clone(&gate);
     s.launch_host_func(move || {
