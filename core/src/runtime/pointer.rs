@@ -152,8 +152,6 @@ struct Held<B: Runtime> {
     base: DevicePtr,
     size: usize,
     device: DeviceId,
-    /// [`BaseMemory::reuse_stream`], also fixed for the memory's life.
-    reuse: Option<ArenaKey>,
     owner: Owner<B>,
 }
 
@@ -177,13 +175,7 @@ enum Owner<B: Runtime> {
 
 impl<B: Runtime> Held<B> {
     fn shared(mem: Arc<dyn BaseMemory<B>>) -> Self {
-        Held {
-            base: mem.ptr(),
-            size: mem.size(),
-            device: mem.device_id(),
-            reuse: mem.reuse_stream(),
-            owner: Owner::Shared(mem),
-        }
+        Held { base: mem.ptr(), size: mem.size(), device: mem.device_id(), owner: Owner::Shared(mem) }
     }
 
     #[inline]
@@ -192,7 +184,6 @@ impl<B: Runtime> Held<B> {
             base: chunk.ptr(),
             size: chunk.size(),
             device: chunk.device_id(),
-            reuse: chunk.reuse_stream(),
             owner: Owner::Inline { chunk: Mutex::new(Some(chunk)), shared: OnceLock::new() },
         }
     }
@@ -209,6 +200,22 @@ impl<B: Runtime> Held<B> {
                     .as_ref()
                     .map(PooledMemory::pmem_id)
                     .or_else(|| shared.get().and_then(|mem| mem.pmem_id())),
+            },
+        }
+    }
+
+    /// [`BaseMemory::reuse_stream`], without sharing an inline chunk. Asked by asynchronous
+    /// operations only: the cache hit, which makes the pointer, pays nothing for it.
+    fn reuse_stream(&self) -> Option<ArenaKey> {
+        match &self.owner {
+            Owner::Shared(mem) => mem.reuse_stream(),
+            Owner::Inline { chunk, shared } => match shared.get() {
+                Some(mem) => mem.reuse_stream(),
+                // Still inline, unless shared since the check above (then the `Arc` has it).
+                None => chunk.lock().as_ref().map_or_else(
+                    || shared.get().and_then(|mem| mem.reuse_stream()),
+                    PooledMemory::reuse_stream,
+                ),
             },
         }
     }
@@ -285,7 +292,7 @@ impl<B: Runtime> Clone for MemoryPointer<B> {
         let m = &self.mem;
         let owner = Owner::Shared(Arc::clone(m.arc()));
         MemoryPointer {
-            mem: Held { base: m.base, size: m.size, device: m.device, reuse: m.reuse, owner },
+            mem: Held { base: m.base, size: m.size, device: m.device, owner },
             offset: self.offset,
         }
     }
@@ -413,7 +420,7 @@ impl<B: Runtime> MemoryPointer<B> {
     /// with the memory's device: work queued there keeps nothing alive.
     #[inline]
     pub(crate) fn reuse_stream(&self) -> Option<(DeviceId, ArenaKey)> {
-        self.mem.reuse.map(|key| (self.mem.device, key))
+        self.mem.reuse_stream().map(|key| (self.mem.device, key))
     }
 
     /// The start address and size of the whole memory.
