@@ -68,6 +68,12 @@ pub(crate) mod probe {
     thread_local! {
         pub(crate) static LOCKS: Cell<u64> = const { Cell::new(0) };
         pub(crate) static EVENTS: Cell<u64> = const { Cell::new(0) };
+        pub(crate) static WAITS: Cell<u64> = const { Cell::new(0) };
+    }
+
+    /// Device-side waits for work queued with no event, made by the calling thread so far.
+    pub(crate) fn waits() -> u64 {
+        WAITS.with(Cell::get)
     }
 
     /// (process-wide locks taken, events recorded) by the calling thread so far.
@@ -181,6 +187,9 @@ struct Unrecorded<B: Runtime> {
     pending: bool,
     /// Recorded behind the stream's work when an order was last asked for.
     last: Option<Event<B>>,
+    /// The lasting streams that have waited for `last` since it was recorded: their later work
+    /// is ordered after it already, and waits for it no more.
+    waited: Vec<Reuse>,
 }
 
 impl<B: Runtime> Clone for Target<B> {
@@ -231,9 +240,13 @@ impl<B: Runtime> Queues<B> {
         let stream = target.as_reuse();
         match self.unrecorded.iter_mut().find(|u| u.stream == stream) {
             Some(u) => u.pending = true,
-            None => {
-                self.unrecorded.push(Unrecorded { stream, handle: target.handle, pending: true, last: None })
-            }
+            None => self.unrecorded.push(Unrecorded {
+                stream,
+                handle: target.handle,
+                pending: true,
+                last: None,
+                waited: Vec::new(),
+            }),
         }
     }
 
@@ -252,8 +265,37 @@ impl<B: Runtime> Queues<B> {
             unsafe { B::event_record(stream.0, event.raw(), u.handle) }?;
             u.last = Some(event);
             u.pending = false;
+            u.waited.clear();
         }
         Ok(self.unrecorded[at].last.clone())
+    }
+
+    /// Makes `target` wait for the work queued with no event on `stream` so far, unless it did
+    /// since that work was last recorded (then its own order covers it).
+    ///
+    /// # Safety
+    ///
+    /// `target.handle` is live for this call.
+    unsafe fn wait_for_unrecorded(&mut self, stream: Reuse, target: &Target<B>) -> Result<()> {
+        let Some(event) = self.unrecorded_done(stream)? else {
+            return Ok(());
+        };
+        let waiter = target.as_reuse();
+        let Some(u) = self.unrecorded.iter_mut().find(|u| u.stream == stream) else {
+            return Ok(());
+        };
+        if u.waited.contains(&waiter) {
+            return Ok(());
+        }
+        #[cfg(test)]
+        probe::WAITS.with(|n| n.set(n.get() + 1));
+        // SAFETY: the caller keeps the handle live.
+        unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
+        // Only a lasting stream is remembered: another's handle may name a new stream later.
+        if target.lasting {
+            u.waited.push(waiter);
+        }
+        Ok(())
     }
 
     fn all(&self) -> impl Iterator<Item = &Entry<B>> {
@@ -511,10 +553,8 @@ pub(crate) unsafe fn begin<B: Runtime>(
             unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
         }
         for &stream in reuse.iter().flatten().filter(|&&r| r != target.as_reuse()) {
-            if let Some(event) = locked.unrecorded_done(stream)? {
-                // SAFETY: as above.
-                unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
-            }
+            // SAFETY: as above.
+            unsafe { locked.wait_for_unrecorded(stream, &target) }?;
         }
         entries = Some(locked);
     }
@@ -881,6 +921,8 @@ pub(crate) fn forget_stream<B: Runtime>(stream: Reuse) -> bool {
     let removed = {
         let mut entries = counted(B::globals().inflight.entries.lock());
         let at = entries.unrecorded.iter().position(|u| u.stream == stream);
+        // A new stream may get the handle: it has waited for nothing.
+        entries.unrecorded.iter_mut().for_each(|u| u.waited.retain(|w| *w != stream));
         at.map(|i| entries.unrecorded.swap_remove(i))
     };
     removed.is_some()

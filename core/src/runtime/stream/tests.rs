@@ -181,6 +181,38 @@ fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
     }
 }
 
+/// Memory of a stream with work queued on it with no event (its own stream's), used from
+/// another stream: the first operation records one event on the memory's stream and waits for
+/// it; the later ones are ordered after that wait already and wait no more, until the memory's
+/// stream queues such work again.
+#[test]
+fn another_stream_waits_once_for_work_queued_with_no_event() {
+    let s = Stream::<Host>::non_blocking().unwrap();
+    let owner = Stream::<Host>::non_blocking().unwrap();
+    let p = {
+        let _current = owner.enter().unwrap();
+        alloc::<Host>(OPS * SIZE).unwrap()
+    };
+    p.memset_async(0, OPS * SIZE, Some(&owner)).unwrap();
+    let waits = probe::waits();
+    let ours = cost(OPS, || {
+        for i in 0..OPS {
+            at(&p, i).memset_async(1, SIZE, Some(&s)).unwrap();
+        }
+    });
+    assert_eq!(probe::waits() - waits, 1, "one wait for the owner's work");
+    // One event for each operation (what it keeps), and the one recorded on the owner's stream.
+    assert_eq!(ours.events, (OPS + 1) as f64 / OPS as f64, "{ours:?}");
+    p.memset_async(2, SIZE, Some(&owner)).unwrap();
+    p.memset_async(3, SIZE, Some(&s)).unwrap();
+    assert_eq!(probe::waits() - waits, 2, "new work on the owner's stream is waited for again");
+    s.synchronize().unwrap();
+    owner.synchronize().unwrap();
+    let mut back = [0u8; 1];
+    p.copy_to_host(&mut back, 1).unwrap();
+    assert_eq!(back[0], 3);
+}
+
 /// Work that cannot finish (its stream waits in a host function) lets operations pile up: each
 /// release finds nothing finished, so the next one waits until twice as many wait, and queueing
 /// stays at about one lock per operation (it was two once 16 waited: every operation released).
