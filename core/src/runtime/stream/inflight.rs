@@ -204,6 +204,9 @@ struct Entry<B: Runtime> {
     event: Event<B>,
     keeps: Keeps<B>,
     ranges: Ranges,
+    /// Queued on a lasting stream ([`Target::lasting`]): one whose handle no other stream takes
+    /// while its entries wait (an owned stream waits for them before it is destroyed).
+    lasting: bool,
 }
 
 /// The entries of each stream in queueing order. A stream's events complete in that order, so
@@ -632,7 +635,12 @@ impl<B: Runtime> Queueing<'_, B> {
             }
         };
         let ranges = Ranges::new(ranges);
-        entries.by_stream.entry(self.target.identity).or_default().push_back(Entry { event, keeps, ranges });
+        entries.by_stream.entry(self.target.identity).or_default().push_back(Entry {
+            event,
+            keeps,
+            ranges,
+            lasting: self.target.lasting,
+        });
         entries.len += 1;
         inflight.n_entries.store(entries.len, Ordering::Release);
         Ok(())
@@ -654,9 +662,17 @@ pub(crate) fn collect<B: Runtime>() {
             let mut entries = counted(inflight.entries.lock());
             let mut released: Vec<Keeps<B>> = Vec::with_capacity(entries.len);
             let queues = &mut *entries;
-            // A pass asks the runtime once per finished entry and once per stream.
+            // A stream's events complete in order: when the newest has, all have, and one query
+            // releases the whole queue (the common case, work keeping up). That holds when every
+            // entry is of one stream, which only lasting streams guarantee: a foreign stream's
+            // handle may have passed to a new stream since. Otherwise a pass asks once per
+            // finished entry and once more.
             queues.by_stream.retain(|_, queue| {
-                while queue.front().is_some_and(|e| e.event.query().unwrap_or(false)) {
+                // (The null and legacy streams of two devices share a key: the device tells.)
+                let device = queue.back().map(|e| e.event.device_id());
+                let one_stream = queue.iter().all(|e| e.lasting && Some(e.event.device_id()) == device);
+                let all_done = one_stream && queue.back().is_some_and(|e| e.event.query().unwrap_or(false));
+                while queue.front().is_some_and(|e| all_done || e.event.query().unwrap_or(false)) {
                     if let Some(entry) = queue.pop_front() {
                         released.push(entry.keeps);
                         if queues.spare.len() < SPARE_EVENTS {
@@ -914,18 +930,20 @@ pub(crate) fn wait_unrecorded<B: Runtime>(device: DeviceId) -> Result<()> {
 }
 
 /// Forgets the work queued with no event on stream `stream`, which is about to be destroyed (or
-/// given up); `true` when there was such work, which the caller then waits for first: the
-/// stream's arena (keyed by its handle) may serve a new stream with the same handle, whose work
-/// the pool does not order after the old stream's.
+/// given up); `true` when there was such work, or entries of the stream wait, which the caller
+/// then waits for first: the stream's arena (keyed by its handle) may serve a new stream with the
+/// same handle, whose work the pool does not order after the old stream's, and the entries of a
+/// lasting stream are released as one stream's (see [`collect`]).
 pub(crate) fn forget_stream<B: Runtime>(stream: Reuse) -> bool {
-    let removed = {
+    let (removed, queued) = {
         let mut entries = counted(B::globals().inflight.entries.lock());
+        let queued = entries.by_stream.get(&stream.1).is_some_and(|q| !q.is_empty());
         let at = entries.unrecorded.iter().position(|u| u.stream == stream);
         // A new stream may get the handle: it has waited for nothing.
         entries.unrecorded.iter_mut().for_each(|u| u.waited.retain(|w| *w != stream));
-        at.map(|i| entries.unrecorded.swap_remove(i))
+        (at.map(|i| entries.unrecorded.swap_remove(i)), queued)
     };
-    removed.is_some()
+    removed.is_some() || queued
 }
 
 /// Holds `keep` for good: for what a foreign capture may reach.
