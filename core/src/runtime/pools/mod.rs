@@ -340,7 +340,10 @@ where
     }
 
     /// Releases the free chunks that are whole raw blocks, in every arena (`None`) or in the
-    /// arena of `stream` (CuPy's `free_all_blocks(stream=None)`).
+    /// arena of `stream` (CuPy's `free_all_blocks(stream=None)`). Work queued on a chunk's own
+    /// stream keeps nothing alive (the pool lends the chunk again only to that stream), so each
+    /// block first waits for such work (see [`DeviceBlock`]): a host function
+    /// that waits for the calling thread would hold this call, as it holds `cuMemFree`.
     pub fn free_all_blocks(&self, stream: Option<&Stream<B>>) {
         self.pool.free_all_blocks(stream.map(Stream::arena_key));
     }
