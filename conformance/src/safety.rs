@@ -31,6 +31,54 @@ macro_rules! __safety_tests {
                 MemoryPointer::from_memory(Memory::new(n).unwrap())
             }
 
+            /// Queues, on `s`, a memset of `a` held back for 100 ms and then a host function that
+            /// counts in the returned counter once the memset has run.
+            fn held_memset_then_count(s: &Stream, a: &MemoryPointer) -> Arc<AtomicUsize> {
+                busy(s, 100);
+                a.memset_async(3, N, Some(s)).unwrap();
+                let done = Arc::new(AtomicUsize::new(0));
+                let d = Arc::clone(&done);
+                s.launch_host_func(move || {
+                    d.fetch_add(1, Ordering::SeqCst);
+                })
+                .unwrap();
+                done
+            }
+
+            /// Two memsets of one chunk of stream `s1` on two streams, the first held back for
+            /// 100 ms on `s1` (`own_first`) or on `s2`: the second runs after it.
+            fn later_memset_lands_last(own_first: bool) {
+                let pool = MemoryPool::new();
+                let s1 = Stream::non_blocking().unwrap();
+                let s2 = Stream::non_blocking().unwrap();
+                let a = own_stream_chunk(&pool, &s1);
+                let (first, second) = if own_first { (&s1, &s2) } else { (&s2, &s1) };
+                busy(first, 100);
+                a.memset_async(1, N, Some(first)).unwrap();
+                a.memset_async(2, N, Some(second)).unwrap();
+                second.synchronize().unwrap();
+                first.synchronize().unwrap();
+                assert!(read(&a, N).iter().all(|&x| x == 2), "the second memset ran before the first");
+            }
+
+            /// Synchronous memsets of `p` on another thread against asynchronous ones on `s`:
+            /// each is ordered with the other thread's, so the bytes end up all one value.
+            fn sync_and_async_memsets_race(p: MemoryPointer, s: &Stream) {
+                let rounds = race_rounds();
+                let q = p.clone();
+                let t = std::thread::spawn(move || {
+                    for _ in 0..rounds {
+                        q.memset(0x22, N).unwrap();
+                    }
+                });
+                for _ in 0..rounds {
+                    p.memset_async(0x33, N, Some(s)).unwrap();
+                }
+                s.synchronize().unwrap();
+                t.join().unwrap();
+                assert_one_value(&read(&p, N), &[0x22, 0x33]);
+            }
+
             /// `N` bytes of `pool`, lent on stream `s` (its arena).
             fn own_stream_chunk(pool: &MemoryPool, s: &Stream) -> MemoryPointer {
                 let _current = s.enter().unwrap();
@@ -497,43 +545,18 @@ macro_rules! __safety_tests {
                 }
 
                 fn another_stream_waits_for_work_on_the_memorys_own_stream() {
-                    let pool = MemoryPool::new();
-                    let s1 = Stream::non_blocking().unwrap();
-                    let s2 = Stream::non_blocking().unwrap();
-                    let a = own_stream_chunk(&pool, &s1);
-                    busy(&s1, 100);
-                    a.memset_async(1, N, Some(&s1)).unwrap();
-                    a.memset_async(2, N, Some(&s2)).unwrap();
-                    s2.synchronize().unwrap();
-                    s1.synchronize().unwrap();
-                    assert!(read(&a, N).iter().all(|&x| x == 2), "s2's memset ran before s1's");
+                    later_memset_lands_last(true);
                 }
 
                 fn the_own_stream_waits_for_another_streams_work_on_the_memory() {
-                    let pool = MemoryPool::new();
-                    let s1 = Stream::non_blocking().unwrap();
-                    let s2 = Stream::non_blocking().unwrap();
-                    let a = own_stream_chunk(&pool, &s1);
-                    busy(&s2, 100);
-                    a.memset_async(2, N, Some(&s2)).unwrap();
-                    a.memset_async(1, N, Some(&s1)).unwrap();
-                    s1.synchronize().unwrap();
-                    s2.synchronize().unwrap();
-                    assert!(read(&a, N).iter().all(|&x| x == 1), "s1's memset ran before s2's");
+                    later_memset_lands_last(false);
                 }
 
                 fn releasing_the_pools_memory_waits_for_work_on_its_own_stream() {
                     let pool = MemoryPool::new();
                     let s = Stream::non_blocking().unwrap();
                     let a = own_stream_chunk(&pool, &s);
-                    busy(&s, 100);
-                    a.memset_async(3, N, Some(&s)).unwrap();
-                    let done = Arc::new(AtomicUsize::new(0));
-                    let d = Arc::clone(&done);
-                    s.launch_host_func(move || {
-                        d.fetch_add(1, Ordering::SeqCst);
-                    })
-                    .unwrap();
+                    let done = held_memset_then_count(&s, &a);
                     drop(a);
                     pool.free_all_blocks(None);
                     assert_eq!(pool.total_bytes(), 0);
@@ -544,14 +567,7 @@ macro_rules! __safety_tests {
                     let pool = MemoryPool::new();
                     let s = Stream::non_blocking().unwrap();
                     let a = own_stream_chunk(&pool, &s);
-                    busy(&s, 100);
-                    a.memset_async(3, N, Some(&s)).unwrap();
-                    let done = Arc::new(AtomicUsize::new(0));
-                    let d = Arc::clone(&done);
-                    s.launch_host_func(move || {
-                        d.fetch_add(1, Ordering::SeqCst);
-                    })
-                    .unwrap();
+                    let done = held_memset_then_count(&s, &a);
                     drop(a);
                     // The arena keyed by the stream's handle may serve a new stream with the same
                     // handle: the old stream's work on its memory is done before it goes.
@@ -580,22 +596,9 @@ macro_rules! __safety_tests {
                 }
 
                 fn a_synchronous_memset_is_ordered_with_another_threads_memset_on_the_memorys_stream() {
-                    let rounds = race_rounds();
                     let pool = MemoryPool::new();
                     let s = Stream::non_blocking().unwrap();
-                    let p = own_stream_chunk(&pool, &s);
-                    let q = p.clone();
-                    let t = std::thread::spawn(move || {
-                        for _ in 0..rounds {
-                            q.memset(0x22, N).unwrap();
-                        }
-                    });
-                    for _ in 0..rounds {
-                        p.memset_async(0x33, N, Some(&s)).unwrap();
-                    }
-                    s.synchronize().unwrap();
-                    t.join().unwrap();
-                    assert_one_value(&read(&p, N), &[0x22, 0x33]);
+                    sync_and_async_memsets_race(own_stream_chunk(&pool, &s), &s);
                 }
 
                 // RACE01-03: two threads touching the same bytes through gpumem at once. Each
@@ -625,21 +628,8 @@ macro_rules! __safety_tests {
                 }
 
                 fn a_synchronous_memset_is_ordered_with_another_threads_async_memset() {
-                    let rounds = race_rounds();
                     let p = MemoryPool::new().malloc(N).unwrap();
-                    let s = Stream::non_blocking().unwrap();
-                    let q = p.clone();
-                    let t = std::thread::spawn(move || {
-                        for _ in 0..rounds {
-                            q.memset(0x22, N).unwrap();
-                        }
-                    });
-                    for _ in 0..rounds {
-                        p.memset_async(0x33, N, Some(&s)).unwrap();
-                    }
-                    s.synchronize().unwrap();
-                    t.join().unwrap();
-                    assert_one_value(&read(&p, N), &[0x22, 0x33]);
+                    sync_and_async_memsets_race(p, &Stream::non_blocking().unwrap());
                 }
 
                 fn async_memsets_of_two_threads_on_their_own_streams_are_ordered() {

@@ -216,6 +216,29 @@ impl<B: Runtime> MemoryPointer<B> {
         )
     }
 
+    /// Queues `op`, touching `range` of this pointer's memory alone, keeping the memory alive
+    /// until the stream has passed it.
+    fn queue_alone(
+        &self,
+        stream: Option<&Stream<B>>,
+        range: Range,
+        op: impl FnOnce(&Target<B>) -> Result<()>,
+    ) -> Result<()> {
+        queue(stream, [range], [self.reuse_stream()], || [keep_of(self)], op)
+    }
+
+    /// Queues `op`, a transfer between this pointer's memory and `pinned` touching `ranges`
+    /// (the device's, then the host's), keeping both alive until the stream has passed it.
+    fn queue_with_pinned(
+        &self,
+        pinned: &PinnedMemoryPointer<B>,
+        stream: Option<&Stream<B>>,
+        ranges: [Range; 2],
+        op: impl FnOnce(&Target<B>) -> Result<()>,
+    ) -> Result<()> {
+        queue(stream, ranges, [self.reuse_stream(), None], || [keep_of(self), keep_pinned(pinned)], op)
+    }
+
     fn device_ranges(
         &self,
         src: &MemoryPointer<B>,
@@ -305,17 +328,11 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let ranges = [span(dst, size), span(host, size)];
-        queue(
-            stream,
-            ranges,
-            [self.reuse_stream(), None],
-            || [keep_of(self), keep_pinned(src)],
-            |t| {
-                // SAFETY: both ranges were checked against live memory, which the queue keeps alive
-                // until the stream has passed the copy.
-                unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
-            },
-        )
+        self.queue_with_pinned(src, stream, ranges, |t| {
+            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
+            // until the stream has passed the copy.
+            unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from a raw host address, ordered on `stream` (or the current stream).
@@ -339,17 +356,11 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        queue(
-            stream,
-            [span(dst, size)],
-            [self.reuse_stream()],
-            || [keep_of(self)],
-            |t| {
-                // SAFETY: the device range was checked and is kept alive by the queue; the host range
-                // is the caller's promise.
-                unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
-            },
-        )
+        self.queue_alone(stream, span(dst, size), |t| {
+            // SAFETY: the device range was checked and is kept alive by the queue; the host range
+            // is the caller's promise.
+            unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from this pointer into `dst` (pageable host memory), on the legacy
@@ -413,17 +424,11 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let ranges = [span(src, size), span(host, size)];
-        queue(
-            stream,
-            ranges,
-            [self.reuse_stream(), None],
-            || [keep_of(self), keep_pinned(dst)],
-            |t| {
-                // SAFETY: both ranges were checked against live memory, which the queue keeps alive
-                // until the stream has passed the copy.
-                unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
-            },
-        )
+        self.queue_with_pinned(dst, stream, ranges, |t| {
+            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
+            // until the stream has passed the copy.
+            unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from this pointer to a raw host address, ordered on `stream`.
@@ -447,17 +452,11 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        queue(
-            stream,
-            [span(src, size)],
-            [self.reuse_stream()],
-            || [keep_of(self)],
-            |t| {
-                // SAFETY: the device range was checked and is kept alive by the queue; the host range
-                // is the caller's promise.
-                unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
-            },
-        )
+        self.queue_alone(stream, span(src, size), |t| {
+            // SAFETY: the device range was checked and is kept alive by the queue; the host range
+            // is the caller's promise.
+            unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
+        })
     }
 
     /// Copies `size` bytes from device or host memory, choosing [`copy_from_device`] or
@@ -534,17 +533,11 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         check_stream_device(self, stream)?;
-        queue(
-            stream,
-            [span(dst, size)],
-            [self.reuse_stream()],
-            || [keep_of(self)],
-            |t| {
-                // SAFETY: the range was checked and the queue keeps the memory alive until the
-                // stream has passed the memset.
-                unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
-            },
-        )
+        self.queue_alone(stream, span(dst, size), |t| {
+            // SAFETY: the range was checked and the queue keeps the memory alive until the
+            // stream has passed the memset.
+            unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
+        })
     }
 
     /// Keeps this pointer's memory alive until `stream` has passed the work queued on it so far:
@@ -558,6 +551,6 @@ impl<B: Runtime> MemoryPointer<B> {
     pub fn record_stream(&self, stream: &Stream<B>) -> Result<()> {
         let (start, len) = self.memory_span();
         let range = span(start, len);
-        queue(Some(stream), [range], [self.reuse_stream()], || [keep_of(self)], |_| Ok(()))
+        self.queue_alone(Some(stream), range, |_| Ok(()))
     }
 }
