@@ -662,17 +662,20 @@ pub(crate) fn collect<B: Runtime>() {
             let mut entries = counted(inflight.entries.lock());
             let mut released: Vec<Keeps<B>> = Vec::with_capacity(entries.len);
             let queues = &mut *entries;
-            // A stream's events complete in order: when the newest has, all have, and one query
-            // releases the whole queue (the common case, work keeping up). That holds when every
-            // entry is of one stream, which only lasting streams guarantee: a foreign stream's
-            // handle may have passed to a new stream since. Otherwise a pass asks once per
-            // finished entry and once more.
+            // A stream's events complete in order, so the finished entries are a prefix of its
+            // queue: found with a binary search, a few queries however many entries wait (the
+            // work usually runs a little behind, so the newest has not finished). That holds when
+            // every entry is of one stream, which only lasting streams guarantee: a foreign
+            // stream's handle may have passed to a new stream since. Otherwise a pass asks once
+            // per finished entry and once more.
             queues.by_stream.retain(|_, queue| {
                 // (The null and legacy streams of two devices share a key: the device tells.)
                 let device = queue.back().map(|e| e.event.device_id());
                 let one_stream = queue.iter().all(|e| e.lasting && Some(e.event.device_id()) == device);
-                let all_done = one_stream && queue.back().is_some_and(|e| e.event.query().unwrap_or(false));
-                while queue.front().is_some_and(|e| all_done || e.event.query().unwrap_or(false)) {
+                let done = |e: &Entry<B>| e.event.query().unwrap_or(false);
+                let mut finished = if one_stream { finished_prefix(queue, done) } else { 0 };
+                while finished > 0 || (!one_stream && queue.front().is_some_and(done)) {
+                    finished = finished.saturating_sub(1);
                     if let Some(entry) = queue.pop_front() {
                         released.push(entry.keeps);
                         if queues.spare.len() < SPARE_EVENTS {
@@ -693,6 +696,22 @@ pub(crate) fn collect<B: Runtime>() {
         drop(surplus);
     }
     crate::runtime::state::run_deferred::<B>();
+}
+
+/// How many entries at the front of `queue` are done, by a binary search with `done` (which holds
+/// for a prefix of the queue).
+pub(super) fn finished_prefix<T>(queue: &VecDeque<T>, done: impl Fn(&T) -> bool) -> usize {
+    // Invariant: the first `low` entries are done, those from `high` on are not.
+    let (mut low, mut high) = (0, queue.len());
+    while low < high {
+        let mid = low + (high - low) / 2;
+        if done(&queue[mid]) {
+            low = mid + 1;
+        } else {
+            high = mid;
+        }
+    }
+    low
 }
 
 /// At most this many events of released entries are kept for the next entries.

@@ -246,3 +246,22 @@ fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
     assert_eq!(behind.events, 1.0);
     assert!(behind.locks < 1.2, "{behind:?}");
 }
+
+/// Releasing a lasting stream's finished entries looks for the end of the finished prefix of its
+/// queue with a binary search: every prefix length is found, with at most ⌈log2(n + 1)⌉ queries.
+#[test]
+fn the_finished_prefix_of_a_queue_is_found_in_a_few_queries() {
+    use std::collections::VecDeque;
+    for n in 0..40usize {
+        let queue: VecDeque<usize> = (0..n).collect();
+        for finished in 0..=n {
+            let queries = Cell::new(0u32);
+            let found = super::inflight::finished_prefix(&queue, |&i| {
+                queries.set(queries.get() + 1);
+                i < finished
+            });
+            assert_eq!(found, finished, "{finished} of {n}");
+            assert!(queries.get() <= usize::BITS - n.leading_zeros(), "{} queries for {n}", queries.get());
+        }
+    }
+}
