@@ -126,7 +126,11 @@ fn forget_owned<B: Runtime>(inner: &Inner<B>) {
 /// Cloning a `Stream` is cheap and gives another handle to the same stream; the stream is
 /// destroyed when the last clone is dropped (the current-stream slot of a thread holds a clone, so
 /// a stream is never destroyed while it is current anywhere, as in CuPy). Work already queued runs
-/// to completion after the stream is destroyed.
+/// to completion after the stream is destroyed, except that dropping the last clone first waits
+/// for the stream when gpumem queued work on it that it did not record (work on memory of this
+/// stream's own arena, which keeps nothing alive) or still keeps memory for: the stream's arena is
+/// keyed by its handle, which a new stream may get. [`into_raw`](Self::into_raw) waits the same
+/// way.
 ///
 /// Equality compares the raw handle, as CuPy's `__eq__` compares `ptr`.
 ///
@@ -300,7 +304,8 @@ impl<B: Runtime> Stream<B> {
     }
 
     /// Gives up ownership and returns the raw handle; the caller must destroy it (or wrap it again
-    /// with [`Stream::from_raw`]).
+    /// with [`Stream::from_raw`]). Waits for the stream first when gpumem's work on it needs it
+    /// (see the [type's docs](Self)).
     ///
     /// # Errors
     ///
