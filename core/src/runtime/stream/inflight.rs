@@ -741,10 +741,16 @@ pub(crate) fn access<B: Runtime, T>(
     let (busy, waits) = {
         let mut entries = lock_when_free::<B>(ranges, operation)?;
         let mut waits = entries.overlapping(ranges, |_| true);
+        let in_callback = crate::runtime::stream::callback::in_callback();
         for &stream in reuse.iter().flatten() {
+            // A host function records no event: work queued with no event there is refused as
+            // queued work is.
+            if in_callback && entries.unrecorded.iter().any(|u| u.stream == stream) {
+                return Err(crate::Error::NotAllowedInCallback { operation });
+            }
             waits.extend(entries.unrecorded_done(stream)?);
         }
-        if !waits.is_empty() && crate::runtime::stream::callback::in_callback() {
+        if !waits.is_empty() && in_callback {
             return Err(crate::Error::NotAllowedInCallback { operation });
         }
         let id = entries.next_access;
