@@ -134,12 +134,9 @@ impl<B: Runtime> RawBlock for DeviceBlock<B> {
 
 impl<B: Runtime> Drop for DeviceBlock<B> {
     fn drop(&mut self) {
+        let device = RawBlock::device(self);
         // SAFETY: taken once, here, and `self.0` is not used again.
         let block = unsafe { ManuallyDrop::take(&mut self.0) };
-        let device = match &block {
-            Block::Fixed(m) => m.device_id(),
-            Block::Growing(s) => s.device(),
-        };
         // A host function cannot wait for its own device: the release runs after it.
         drop_outside_callbacks::<B>(move || match inflight::wait_unrecorded::<B>(device) {
             Ok(()) => drop(block),
