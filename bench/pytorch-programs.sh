@@ -1,8 +1,9 @@
 #!/bin/bash
 # The memory table of BENCHMARKS.md on the GPU machine: each program of bench/pytorch_programs.py
 # under PyTorch's allocator (default, then expandable_segments:True) and gpumem's through its C ABI
-# (the ABI's default; the same with gpumem_step after each iteration; and that with fixed blocks), each in
-# its own process, in one run.
+# (the ABI's default; the same with gpumem_step after each iteration; and that with fixed blocks;
+# and both planned with no gpumem_step, gpumem_plan_automatically), each in its own process, in one
+# run.
 #
 # Needs the library built with CUDA on a machine with Rust:
 #   cargo build --release -p gpumem-capi --features cuda
@@ -29,6 +30,10 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
             --label "gpumem default, planned (gpumem_step)" --out "$OUT/results.jsonl"
         GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
             --label "gpumem fixed blocks, planned" --out "$OUT/results.jsonl"
+        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --plan-automatically \
+            --label "gpumem default, planned automatically" --out "$OUT/results.jsonl"
+        GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
+            --plan-automatically --label "gpumem fixed blocks, planned automatically" --out "$OUT/results.jsonl"
     done
     python3 $P --table "$OUT/results.jsonl" | tee "$OUT/table.md"
 } 2>&1 | grep -v "Warning\|warn(" | tee "$OUT/log.txt"

@@ -21,7 +21,9 @@ such counter; the program is the same under every allocator, so the table takes 
 default run's figure), driver calls (PyTorch: num_device_alloc + num_device_free, which count the
 maps and unmaps of expandable segments; gpumem: raw allocations and frees, growths and shrinks
 included), the step times, and each step's loss (or the generated tokens' checksum) as exact hex,
-to compare the allocators' results.
+to compare the allocators' results; and per step (the peaks reset after each): peak held, peak in
+use, driver calls and, for gpumem, the planner's state, from which the table's second part takes
+the steady loop's figures.
 
 Usage: python3 bench/pytorch_programs.py PROGRAM --allocator torch|gpumem [--lib LIB]
        [--growth-policy NAME] --label LABEL --out RESULTS.jsonl
@@ -104,8 +106,10 @@ def gen(torch, steps):
 
 
 # Training loops run long enough for a plan to be learned (two matching iterations after the first
-# step mark) and served for several iterations.
-PROGRAMS = {"cnn": (cnn, 12), "vit": (vit, 12), "bert": (bert, 12), "gen": (gen, 4)}
+# step mark; found from the allocations, a few more) and served for several iterations.
+PROGRAMS = {"cnn": (cnn, 16), "vit": (vit, 16), "bert": (bert, 16), "gen": (gen, 4)}
+#: The steps the steady loop's figures are taken over (the table's second part).
+STEADY = 4
 
 
 def run(args):
@@ -113,11 +117,25 @@ def run(args):
     if args.allocator == "gpumem":
         import gpumem_alloc  # noqa: F811
         gpumem_alloc.use_in_pytorch(args.lib, growth_policy=args.growth_policy)
+        if args.plan_automatically:
+            gpumem_alloc.plan_automatically()
     import torch
     seeded(torch, 0)
     torch.backends.cudnn.benchmark = False
     program, steps = PROGRAMS[args.program]
     results, times = [], []
+    # Each step's peak held and in use (peaks reset after each), its raw calls, and the planner's
+    # state at its end: the steady loop's figures are the last steps'.
+    step_held, step_in_use, step_calls, step_states = [], [], [], []
+
+    def raw_calls_now():
+        if gpumem_alloc is None:
+            s = torch.cuda.memory_stats()
+            return s.get("num_device_alloc", 0) + s.get("num_device_free", 0)
+        s = gpumem_alloc.stats()
+        return s["n_raw_allocs"] + s["n_raw_frees"]
+
+    calls_before = raw_calls_now()
     it = program(torch, args.steps or steps)
     while True:
         torch.cuda.synchronize()
@@ -132,10 +150,26 @@ def run(args):
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
         results.append(float(value).hex())
+        if gpumem_alloc is None:
+            step_held.append(torch.cuda.max_memory_reserved())
+            step_in_use.append(torch.cuda.max_memory_allocated())
+            torch.cuda.reset_peak_memory_stats()
+        else:
+            m = gpumem_alloc.memory_stats()
+            step_held.append(m["reserved_bytes.all.peak"])
+            step_in_use.append(m["allocated_bytes.all.peak"])
+            step_states.append(gpumem_alloc.plan_state())
+            gpumem_alloc.reset_peak_stats()
+        calls_now = raw_calls_now()
+        step_calls.append(calls_now - calls_before)
+        calls_before = calls_now
     row = {
         "program": args.program, "label": args.label, "allocator": args.allocator,
         "growth_policy": args.growth_policy or ("default" if gpumem_alloc else None),
         "planned": bool(args.step),
+        "planned_automatically": bool(args.plan_automatically),
+        "step_peak_held": step_held, "step_peak_in_use": step_in_use, "step_raw_calls": step_calls,
+        "step_plan_states": step_states,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "results_hex": results, "step_times_s": times,
@@ -145,13 +179,15 @@ def run(args):
     }
     if gpumem_alloc is None:
         s = torch.cuda.memory_stats()
-        row.update(peak_held=torch.cuda.max_memory_reserved(), peak_in_use=torch.cuda.max_memory_allocated(),
+        # The peaks were reset after each step: the run's are the steps' largest.
+        row.update(peak_held=max(step_held), peak_in_use=max(step_in_use),
                    raw_calls=s.get("num_device_alloc", 0) + s.get("num_device_free", 0))
     else:
         s = gpumem_alloc.stats()
-        if args.step:
+        if args.step or args.plan_automatically:
             row["plan_state"] = gpumem_alloc.plan_state()
-        row.update(peak_held=s["peak_held_bytes"], peak_in_use=None,
+        # gpumem's own peak in use is of rounded sizes: PyTorch's run gives the reference.
+        row.update(peak_held=max(step_held), peak_in_use=None,
                    raw_calls=s["n_raw_allocs"] + s["n_raw_frees"], gpumem_stats=s)
         if s["n_failed_mallocs"] + s["n_failed_frees"] + s["n_failed_other"]:
             row["failed_calls"] = True
@@ -182,6 +218,26 @@ def table(path):
                          f"{r['median_step_s'] * 1e3:.1f} ms/step ({r['median_step_s'] / ref['median_step_s']:.3f}), "
                          f"{same}")
         out.append(f"| {program} | {in_use / 1e9:.2f} GB | " + " | ".join(cells) + " |")
+    # The steady loop: the last STEADY steps of each run, held over PyTorch's in use in them.
+    out += ["", f"Last {STEADY} steps: peak held over PyTorch's peak in use in them, raw calls in them", "",
+            "| program | in use (PyTorch) | " + " | ".join(labels) + " |", "| --- | --- |" + " --- |" * len(labels)]
+    for program in PROGRAMS:
+        runs = {r["label"]: r for r in rows if r["program"] == program}
+        ref = runs.get(labels[0])
+        if not ref or not ref.get("step_peak_in_use"):
+            continue
+        in_use = max(ref["step_peak_in_use"][-STEADY:])
+        cells = []
+        for label in labels:
+            r = runs.get(label)
+            if r is None or not r.get("step_peak_held"):
+                cells.append("-")
+                continue
+            held = max(r["step_peak_held"][-STEADY:])
+            states = r.get("step_plan_states") or []
+            planned = " planned" if states and all(x == 2 for x in states[-STEADY:]) else ""
+            cells.append(f"{held / 1e9:.3f} GB ({held / in_use:.3f}), {sum(r['step_raw_calls'][-STEADY:])} raw{planned}")
+        out.append(f"| {program} | {in_use / 1e9:.3f} GB | " + " | ".join(cells) + " |")
     print("\n".join(out))
 
 
@@ -193,6 +249,8 @@ def main():
     ap.add_argument("--growth-policy", default=None)
     ap.add_argument("--step", action="store_true",
                     help="gpumem only: mark each iteration's end (gpumem_step), so the loop is planned")
+    ap.add_argument("--plan-automatically", action="store_true",
+                    help="gpumem only: let the pool find the loop's iterations (gpumem_plan_automatically)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--label")
     ap.add_argument("--out")

@@ -51,7 +51,7 @@ pub use oom::{gpumem_add_oom_observer, gpumem_clear_oom_observers, GpumemOomObse
 pub use record_stream::gpumem_record_stream;
 pub use recorder::{gpumem_recorder_start, gpumem_recorder_stop};
 pub use snapshot::{gpumem_export_snapshot, gpumem_snapshot_json};
-pub use step::{gpumem_plan_state, gpumem_reset_planning, gpumem_step};
+pub use step::{gpumem_plan_automatically, gpumem_plan_state, gpumem_reset_planning, gpumem_step};
 pub use summary::{gpumem_memory_stats, gpumem_memory_summary, gpumem_reset_peak_stats};
 
 use ffi::{call, fail, Failure};

@@ -26,6 +26,20 @@ pub extern "C" fn gpumem_step(device: c_int) -> c_int {
     })
 }
 
+/// Plans the loop on `device` with no [`gpumem_step`] calls: the pool watches its allocations for
+/// the loop's period and marks the iterations itself (`Pool::plan_automatically`), then plans as
+/// `gpumem_step` would. For programs that cannot mark their iterations; a later `gpumem_step`
+/// turns the watching off (the caller's marks replace it). Drops a plan in force first.
+///
+/// Returns 0, or -1 with the last error set (unknown device). Thread-safe.
+#[no_mangle]
+pub extern "C" fn gpumem_plan_automatically(device: c_int) -> c_int {
+    call("gpumem_plan_automatically", -1, || {
+        pool::device_pool(device)?.pool().plan_automatically();
+        Ok(0)
+    })
+}
+
 /// Stops planning on `device` and drops its plan; its block becomes ordinary cached memory of the
 /// pool. [`gpumem_step`] starts planning again.
 ///
@@ -39,7 +53,8 @@ pub extern "C" fn gpumem_reset_planning(device: c_int) -> c_int {
 }
 
 /// Where `device`'s planner stands: 0 off (no [`gpumem_step`] yet), 1 recording the loop, 2 a
-/// plan in force; -1 with the last error set (unknown device). Thread-safe.
+/// plan in force, 3 watching for the loop's period ([`gpumem_plan_automatically`]); -1 with the
+/// last error set (unknown device). Thread-safe.
 #[no_mangle]
 pub extern "C" fn gpumem_plan_state(device: c_int) -> c_int {
     call("gpumem_plan_state", -1, || {
@@ -47,6 +62,7 @@ pub extern "C" fn gpumem_plan_state(device: c_int) -> c_int {
             PlanState::Off => 0,
             PlanState::Recording => 1,
             PlanState::Planned => 2,
+            PlanState::Detecting => 3,
         })
     })
 }

@@ -380,7 +380,9 @@ pub struct ReplayStats {
     pub plan: Option<PlanReplay>,
 }
 
-/// What a replay with [`ReplayOptions::plan`] measured of the plan (`Pool::step` at each mark).
+/// What a replay with [`ReplayOptions::plan`] measured of the plan (`Pool::step` at each mark),
+/// or with [`ReplayOptions::plan_automatically`] (then `in_force_at` and `settled_at` are step
+/// indices, not marks: the plan is settled a period after it came in force).
 ///
 /// The plan comes in force at a mark (the pool then allocates its block and releases the blocks
 /// the recorded iterations left); the iteration after it is the first served from the plan, and
@@ -557,6 +559,9 @@ pub struct ReplayOptions {
     /// Call `Pool::step` at each mark, as the program marked its iterations: the pool plans from
     /// the loop ([`ReplayStats::plan`] says what that did).
     pub plan: bool,
+    /// Plan with no marks ([`Pool::plan_automatically`]): the pool finds the loop's iterations
+    /// from the allocations. Wins over [`ReplayOptions::plan`].
+    pub plan_automatically: bool,
 }
 
 /// A running count (raw calls, say) split at a replay's marks: what it grew by from each mark to
@@ -626,12 +631,18 @@ fn replay_on(
     let c = allocator.counts();
     let calls = || c.allocs.load(Ordering::Relaxed) + c.frees.load(Ordering::Relaxed);
     let mut per_step = CountsBetweenMarks::new(&options.marks);
-    let mut plan = options.plan.then(PlanReplay::default);
+    let automatic = options.plan_automatically;
+    let mut plan = (options.plan || automatic).then(PlanReplay::default);
+    if automatic {
+        pool.plan_automatically();
+    }
+    // With automatic planning: allocations since the plan came in force.
+    let mut since_in_force: Option<usize> = None;
     let (mut marks, mut in_use, mut calls_settled) = (options.marks.iter().enumerate().peekable(), 0, 0);
     for (i, step) in steps.iter().enumerate() {
         per_step.at(i, calls());
         while let Some((k, _)) = marks.next_if(|&(_, &m)| m == i) {
-            if let Some(plan) = &mut plan {
+            if let Some(plan) = plan.as_mut().filter(|_| !automatic) {
                 pool.step()?;
                 plan.at_mark(k, &pool, in_use);
                 if plan.settled_at == Some(k) {
@@ -643,6 +654,11 @@ fn replay_on(
             Step::Alloc { id, size, stream } => {
                 live.insert(id, (pool.malloc(size, ArenaKey::stream(stream), &cache)?, size));
                 in_use += size;
+                if let Some(plan) = plan.as_mut().filter(|_| automatic) {
+                    if plan.at_allocation(i, &pool, in_use, &mut since_in_force) {
+                        calls_settled = calls();
+                    }
+                }
                 if let Some(plan) = plan.as_mut().filter(|p| p.settled_at.is_some()) {
                     plan.peak_held = plan.peak_held.max(pool.total_bytes());
                     plan.peak_in_use = plan.peak_in_use.max(in_use);
@@ -675,6 +691,46 @@ fn replay_on(
 }
 
 impl PlanReplay {
+    /// With automatic planning, after the allocation at step `i`, with `in_use` requested bytes
+    /// live: the plan is in force at the first allocation the planner reports it, and settled
+    /// once a period more has been allocated (past the boundary that released what the recorded
+    /// iterations left). A plan dropped later (a period that was not the loop's) is forgotten:
+    /// the figures are those of the last plan. Returns whether it settled here.
+    fn at_allocation<R: RawAllocator>(
+        &mut self,
+        i: usize,
+        pool: &Pool<R>,
+        in_use: usize,
+        since: &mut Option<usize>,
+    ) -> bool {
+        let stats = pool.plan_stats();
+        if since.is_some() && stats.state != PlanState::Planned {
+            *since = None;
+            (self.in_force_at, self.settled_at, self.peak_held, self.peak_in_use) = (None, None, 0, 0);
+        }
+        if self.settled_at.is_some() {
+            return false;
+        }
+        match since {
+            None if stats.state == PlanState::Planned => {
+                self.in_force_at = Some(i);
+                *since = Some(0);
+                false
+            }
+            None => false,
+            Some(n) => {
+                *n += 1;
+                if *n <= stats.period {
+                    return false;
+                }
+                self.settled_at = Some(i);
+                self.peak_held = pool.total_bytes();
+                self.peak_in_use = in_use;
+                true
+            }
+        }
+    }
+
     /// After `Pool::step` at mark `k`, with `in_use` requested bytes live.
     fn at_mark<R: RawAllocator>(&mut self, k: usize, pool: &Pool<R>, in_use: usize) {
         if pool.plan_stats().state != PlanState::Planned {
@@ -765,6 +821,33 @@ mod tests {
                     (true, _) => 1.07,
                 };
                 assert!(plan.ratio() <= bound && r.ratio() <= bound, "{name} {policy:?} {expandable}");
+            }
+        }
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+    fn the_recorded_training_traces_are_planned_with_no_step_lines() {
+        let fixtures = [
+            ("GPT-2", include_str!("../tests/fixtures/gpt2-training.trace")),
+            ("BERT", include_str!("../tests/fixtures/bert-finetuning.trace")),
+        ];
+        for (name, text) in fixtures {
+            let (steps, marks) = repeat_last_iteration(&parse(text).unwrap(), &step_marks(text), 7);
+            let per_step =
+                steps[marks[marks.len() - 1]..].iter().filter(|s| matches!(s, Step::Alloc { .. })).count();
+            for (policy, expandable) in GrowthPolicy::ALL.into_iter().flat_map(|p| [(p, false), (p, true)]) {
+                let options =
+                    ReplayOptions { plan_automatically: true, expandable, ..ReplayOptions::default() };
+                let r = replay_with(&steps, policy, options).unwrap();
+                let plan = r.plan.clone().unwrap();
+                println!(
+                    "{name} (last step repeated to 10, no step lines), {policy:?}, expandable {expandable}: in force at event {:?} of {}, held {} in use {} ratio {:.4}, raw calls once settled {}; whole trace {:.4}, {} raw calls; {:?}",
+                    plan.in_force_at, steps.len(), plan.peak_held, plan.peak_in_use, plan.ratio(), plan.raw_calls, r.ratio(), r.raw_allocs + r.raw_frees, plan.stats
+                );
+                assert!(plan.settled_at.is_some(), "{name} {policy:?}: {plan:?}");
+                assert_eq!(plan.stats.period % per_step, 0, "{name} {policy:?}: {plan:?}");
+                assert_eq!(plan.raw_calls, 0, "{name} {policy:?}: no raw call once settled");
             }
         }
     }

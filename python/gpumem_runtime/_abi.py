@@ -38,6 +38,7 @@ _SIGNATURES = {
     "gpumem_add_oom_observer": (c_int, [c_int, OOM_OBSERVER, c_void_p]),
     "gpumem_clear_oom_observers": (c_int, [c_int]),
     "gpumem_step": (c_int, [c_int]),
+    "gpumem_plan_automatically": (c_int, [c_int]),
     "gpumem_reset_planning": (c_int, [c_int]),
     "gpumem_plan_state": (c_int, [c_int]),
 }

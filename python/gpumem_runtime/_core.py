@@ -11,7 +11,7 @@ __all__ = [
     "set_growth_policy", "get_growth_policy", "set_limit", "set_limit_fraction", "get_limit",
     "free_all_blocks", "memory_stats", "memory_summary", "reset_peak_memory_stats", "snapshot",
     "export_snapshot", "start_recording", "stop_recording", "Recording", "add_oom_observer",
-    "clear_oom_observers", "step", "reset_planning", "plan_state", "PLAN_STATES",
+    "clear_oom_observers", "step", "plan_automatically", "reset_planning", "plan_state", "PLAN_STATES",
 ]
 
 
@@ -131,14 +131,22 @@ def step(device=0):
     _check(lib.gpumem_step(device))
 
 
+def plan_automatically(device=0):
+    """Plans the loop on ``device`` with no ``step()`` calls: the pool finds the loop's period
+    from its allocations and marks the iterations itself, then plans as ``step()`` would. For
+    programs whose loop cannot be edited; a later ``step()`` turns it off."""
+    _check(lib.gpumem_plan_automatically(device))
+
+
 def reset_planning(device=0):
     """Stops planning on ``device`` and drops its plan (its block becomes ordinary cached
     memory); ``step()`` starts planning again."""
     _check(lib.gpumem_reset_planning(device))
 
 
-#: What ``plan_state()`` returns: no ``step()`` yet, recording the loop, a plan in force.
-PLAN_STATES = ("off", "recording", "planned")
+#: What ``plan_state()`` returns: no ``step()`` yet, recording the loop, a plan in force, watching
+#: for the loop's period (``plan_automatically()``).
+PLAN_STATES = ("off", "recording", "planned", "detecting")
 
 
 def plan_state(device=0):

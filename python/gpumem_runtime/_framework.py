@@ -55,8 +55,8 @@ class DeviceTools:
 
     def planning(self):
         """The methods of the plan learned from the loop, in the order the framework modules
-        bind them: step, reset_planning, plan_state."""
-        return (self.step, self.reset_planning, self.plan_state)
+        bind them: step, plan_automatically, reset_planning, plan_state."""
+        return (self.step, self.plan_automatically, self.reset_planning, self.plan_state)
 
     def step(self, device=None):
         """Marks the end of an iteration of the training (or serving) loop: after two iterations
@@ -64,12 +64,17 @@ class DeviceTools:
         gpumem_runtime.step)."""
         _core.step(self._resolve(device))
 
+    def plan_automatically(self, device=None):
+        """Plans the loop with no ``step()`` calls: the pool finds the loop's period itself
+        (see gpumem_runtime.plan_automatically)."""
+        _core.plan_automatically(self._resolve(device))
+
     def reset_planning(self, device=None):
         """Stops planning and drops the plan (see gpumem_runtime.reset_planning)."""
         _core.reset_planning(self._resolve(device))
 
     def plan_state(self, device=None):
-        """``"off"``, ``"recording"`` or ``"planned"``."""
+        """``"off"``, ``"recording"``, ``"planned"`` or ``"detecting"``."""
         return _core.plan_state(self._resolve(device))
 
 

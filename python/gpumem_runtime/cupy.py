@@ -15,7 +15,8 @@ from ._core import GpumemError, Recording, start_recording, stop_recording  # no
 __all__ = [
     "enable", "disable", "is_enabled", "memory_stats", "memory_summary", "reset_peak_memory_stats",
     "snapshot", "export_snapshot", "free_all_blocks", "start_recording", "stop_recording",
-    "Recording", "add_oom_observer", "clear_oom_observers", "step", "reset_planning", "plan_state",
+    "Recording", "add_oom_observer", "clear_oom_observers", "step", "plan_automatically",
+    "reset_planning", "plan_state",
 ]
 
 _allocator = None
@@ -79,4 +80,4 @@ def is_enabled():
 
 (memory_stats, memory_summary, reset_peak_memory_stats, snapshot, export_snapshot, free_all_blocks,
  add_oom_observer, clear_oom_observers) = _framework.DeviceTools(_device_index).functions()
-step, reset_planning, plan_state = _framework.DeviceTools(_device_index).planning()
+step, plan_automatically, reset_planning, plan_state = _framework.DeviceTools(_device_index).planning()

@@ -26,7 +26,7 @@ __all__ = [
     "enable", "is_enabled", "memory_stats", "memory_summary", "reset_peak_memory_stats",
     "snapshot", "export_snapshot", "empty_cache", "free_all_blocks", "start_recording",
     "stop_recording", "Recording", "add_oom_observer", "clear_oom_observers", "step",
-    "reset_planning", "plan_state",
+    "plan_automatically", "reset_planning", "plan_state",
 ]
 
 _enabled = False
@@ -155,6 +155,6 @@ def is_enabled():
 
 (memory_stats, memory_summary, reset_peak_memory_stats, snapshot, export_snapshot, free_all_blocks,
  add_oom_observer, clear_oom_observers) = _framework.DeviceTools(_device_index).functions()
-step, reset_planning, plan_state = _framework.DeviceTools(_device_index).planning()
+step, plan_automatically, reset_planning, plan_state = _framework.DeviceTools(_device_index).planning()
 #: ``torch.cuda.empty_cache()`` for gpumem's pool.
 empty_cache = free_all_blocks

@@ -41,6 +41,28 @@ def test_step_plans_a_repeated_loop_and_serves_it_with_no_raw_call(chunks):
     assert gpumem_runtime.memory_stats(0)["reserved_bytes.all.current"] == 0
 
 
+def test_plan_automatically_finds_the_loop_with_no_step_calls(chunks):
+    gpumem_runtime.reset_planning(0)
+    gpumem_runtime.free_all_blocks(0)
+    gpumem_runtime.plan_automatically(0)
+    assert gpumem_runtime.plan_state(0) == "detecting"
+    for _ in range(8):
+        iteration(chunks)
+        if gpumem_runtime.plan_state(0) == "planned":
+            break
+    assert gpumem_runtime.plan_state(0) == "planned"
+    iteration(chunks)
+    before = gpumem_runtime.memory_stats(0)
+    for _ in range(10):
+        iteration(chunks)
+    after = gpumem_runtime.memory_stats(0)
+    assert after["num_device_alloc"] == before["num_device_alloc"]
+    assert after["num_device_free"] == before["num_device_free"]
+    gpumem_runtime.reset_planning(0)
+    assert gpumem_runtime.plan_state(0) == "off"
+    gpumem_runtime.free_all_blocks(0)
+
+
 def test_step_on_an_unknown_device_is_an_error():
     try:
         gpumem_runtime.step(42)

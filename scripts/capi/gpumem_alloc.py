@@ -20,7 +20,8 @@ import os
 __all__ = [
     "load", "use_in_pytorch", "use_in_cupy", "stats", "last_error", "version", "set_limit",
     "set_limit_fraction", "get_limit", "set_growth_policy", "get_growth_policy", "free_all_blocks",
-    "debug_print_hook_begin", "debug_print_hook_end", "GpumemError",
+    "debug_print_hook_begin", "debug_print_hook_end", "step", "plan_automatically", "plan_state",
+    "reset_peak_stats", "memory_stats", "GpumemError",
 ]
 
 GROWTH_POLICIES = ("cache_until_out_of_memory", "release_before_grow", "hold_peak_in_use", "segments")
@@ -77,7 +78,10 @@ def load(lib_path=None):
         "gpumem_debug_print_hook_begin": (c_int, [c_char_p]),
         "gpumem_debug_print_hook_end": (c_int, []),
         "gpumem_step": (c_int, [c_int]),
+        "gpumem_plan_automatically": (c_int, [c_int]),
         "gpumem_plan_state": (c_int, [c_int]),
+        "gpumem_reset_peak_stats": (c_int, [c_int]),
+        "gpumem_memory_stats": (c_ssize_t, [c_int, c_char_p, c_size_t]),
     }
     for name, (restype, argtypes) in signatures.items():
         fn = getattr(lib, name)
@@ -139,12 +143,40 @@ def step(device=0):
     _check(load().gpumem_step(device))
 
 
+def plan_automatically(device=0):
+    """Plans the loop on `device` with no step() calls: the pool finds the loop's period itself
+    (see gpumem.h's gpumem_plan_automatically)."""
+    _check(load().gpumem_plan_automatically(device))
+
+
+def reset_peak_stats(device=0):
+    """Sets every peak of `device`'s statistics to its current value."""
+    _check(load().gpumem_reset_peak_stats(device))
+
+
 def plan_state(device=0):
-    """0: no planning, 1: recording the loop, 2: a plan in force."""
+    """0: no planning, 1: recording the loop, 2: a plan in force, 3: watching for the loop's
+    period."""
     state = load().gpumem_plan_state(device)
     if state < 0:
         raise GpumemError(last_error() or "unknown gpumem error")
     return state
+
+
+def memory_stats(device=0):
+    """`device`'s statistics with PyTorch's memory_stats() keys, as a dict (gpumem.h's
+    gpumem_memory_stats): "reserved_bytes.all.peak" is the most held since the last
+    reset_peak_stats()."""
+    lib = load()
+    n = lib.gpumem_memory_stats(device, None, 0)
+    if n < 0:
+        raise GpumemError(last_error() or "unknown gpumem error")
+    buf = ctypes.create_string_buffer(n + 1)
+    n = lib.gpumem_memory_stats(device, buf, n + 1)
+    if n < 0:
+        raise GpumemError(last_error() or "unknown gpumem error")
+    import json
+    return json.loads(buf.raw[:n].decode())
 
 
 def stats(device=0):

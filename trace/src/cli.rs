@@ -65,6 +65,10 @@ enum Command {
         /// program's gpumem_step calls did.
         #[arg(long)]
         plan: bool,
+        /// Plan from the loop with no step lines: the pool finds the iterations from the
+        /// allocations (gpumem_plan_automatically, Pool::plan_automatically).
+        #[arg(long, conflicts_with = "plan")]
+        plan_automatically: bool,
         /// Print JSON instead of a table.
         #[arg(long)]
         json: bool,
@@ -125,24 +129,35 @@ fn progress(len: u64, what: &str) -> ProgressBar {
     bar
 }
 
-/// The plan's figures of each replay (`replay --plan`): from the end of the first iteration served
-/// from the plan to the end of the trace.
-fn write_plans(out: &mut dyn Write, results: &[replay::ReplayResult], iterations: usize) -> Result<()> {
+/// The plan's figures of each replay (`replay --plan`, with the number of iterations marked, or
+/// `--plan-automatically`): from the end of the first iteration served from the plan to the end
+/// of the trace.
+fn write_plans(out: &mut dyn Write, results: &[replay::ReplayResult], marked: Option<usize>) -> Result<()> {
+    let (how, at) = match marked {
+        Some(n) => (format!("{n} iterations marked"), "iteration"),
+        None => ("iterations found from the allocations".to_owned(), "event"),
+    };
+    writeln!(out, "\nplanned from the loop ({how}); once the plan served one iteration:")?;
     writeln!(
         out,
-        "\nplanned from the loop ({iterations} iterations marked); once the plan served one iteration:"
-    )?;
-    writeln!(
-        out,
-        "{:<28} {:>9} {:>16} {:>16} {:>8} {:>10} {:>10} {:>10}",
-        "policy", "in force", "peak held", "peak in use", "ratio", "raw calls", "served", "departed"
+        "{:<28} {:>16} {:>16} {:>16} {:>8} {:>10} {:>10} {:>10} {:>8}",
+        "policy",
+        format!("in force ({at})"),
+        "peak held",
+        "peak in use",
+        "ratio",
+        "raw calls",
+        "served",
+        "departed",
+        "period"
     )?;
     for r in results {
         let Some(p) = &r.plan else { continue };
         let in_force = p.in_force_at.map_or_else(|| "never".to_owned(), |k| format!("at {k}"));
+        let period = if marked.is_some() { "-".to_owned() } else { p.period.to_string() };
         writeln!(
             out,
-            "{:<28} {:>9} {:>16} {:>16} {:>8.3} {:>10} {:>10} {:>10}",
+            "{:<28} {:>16} {:>16} {:>16} {:>8.3} {:>10} {:>10} {:>10} {:>8}",
             r.policy,
             in_force,
             human_bytes(p.peak_held),
@@ -150,7 +165,8 @@ fn write_plans(out: &mut dyn Write, results: &[replay::ReplayResult], iterations
             p.ratio,
             p.raw_calls,
             p.served,
-            p.departed
+            p.departed,
+            period
         )?;
     }
     Ok(())
@@ -260,7 +276,15 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                 );
             }
         }
-        Command::Replay { file, policy, expandable, share_across_streams, plan, json } => {
+        Command::Replay {
+            file,
+            policy,
+            expandable,
+            share_across_streams,
+            plan,
+            plan_automatically,
+            json,
+        } => {
             let policies = match policy {
                 Some(name) => vec![replay::parse_policy(&name)?],
                 None => gpumem::GrowthPolicy::ALL.to_vec(),
@@ -279,13 +303,13 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             }
             let mut results = Vec::new();
             for p in policies {
-                if expandable || share_across_streams || plan {
+                if expandable || share_across_streams || plan || plan_automatically {
                     // The pool's own rules on a counting allocator: fast, no progress to show.
                     results.push(replay::replay_marked(
                         &steps,
                         &marks,
                         p,
-                        ReplayOptions { expandable, share_across_streams, plan },
+                        ReplayOptions { expandable, share_across_streams, plan, plan_automatically },
                     )?);
                     continue;
                 }
@@ -337,7 +361,9 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
                     )?;
                 }
                 if plan {
-                    write_plans(out, &results, marks.len())?;
+                    write_plans(out, &results, Some(marks.len()))?;
+                } else if plan_automatically {
+                    write_plans(out, &results, None)?;
                 }
             }
         }

@@ -127,7 +127,8 @@ pub struct ReplayResult {
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct PlanResult {
     /// The iteration (its number among the trace's `step` lines) at whose start the plan came in
-    /// force; `None` if it never did (no two iterations in a row repeated).
+    /// force, or with [`ReplayOptions::plan_automatically`] the event (its index); `None` if it
+    /// never did (no two iterations in a row repeated).
     pub in_force_at: Option<usize>,
     /// The most raw bytes held at once, once settled (0 if the plan never settled).
     pub peak_held: u64,
@@ -143,6 +144,11 @@ pub struct PlanResult {
     pub departed: u64,
     /// Plans put in force (more than one: the loop changed and was planned again).
     pub plans: u64,
+    /// With [`ReplayOptions::plan_automatically`]: the period found last, in allocations (0 if
+    /// none).
+    pub period: u64,
+    /// Periods found (a period that failed is followed by a longer one).
+    pub periods_found: u64,
 }
 
 /// What to replay with.
@@ -156,6 +162,9 @@ pub struct ReplayOptions {
     /// Mark the program's iterations as it did (`Pool::step` at each of the marks given to
     /// [`replay_marked`]), so the pool plans from the loop.
     pub plan: bool,
+    /// Plan with no marks: the pool finds the loop's iterations from the allocations
+    /// (`Pool::plan_automatically`).
+    pub plan_automatically: bool,
 }
 
 /// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
@@ -184,7 +193,7 @@ pub fn replay_marked(
     policy: GrowthPolicy,
     options: ReplayOptions,
 ) -> Result<ReplayResult> {
-    if options.expandable || options.share_across_streams || options.plan {
+    if options.expandable || options.share_across_streams || options.plan || options.plan_automatically {
         return replay_counted(steps, marks, policy, options);
     }
     replay_on::<Host, _>(steps, policy, 0, UntouchedHostMemory, &mut |_| {})
@@ -226,6 +235,7 @@ fn replay_counted(
             share_across_streams: options.share_across_streams,
             marks: if options.plan { marks.to_vec() } else { Vec::new() },
             plan: options.plan,
+            plan_automatically: options.plan_automatically,
         },
     )?;
     let plan = r.plan.as_ref().map(|p| PlanResult {
@@ -237,6 +247,8 @@ fn replay_counted(
         served: p.stats.served,
         departed: p.stats.departed,
         plans: p.stats.plans,
+        period: p.stats.period as u64,
+        periods_found: p.stats.periods_found,
     });
     Ok(ReplayResult {
         policy: policy.name(),

@@ -45,6 +45,15 @@ fn a_recorded_loop_replays_with_the_plan_the_pool_made() {
     // the iteration before, freed at the start of the next).
     assert_eq!(plan.peak_held, plan.peak_in_use, "{plan:?}");
 
+    // With no marks: the pool finds the loop's four allocations itself.
+    let options = ReplayOptions { plan_automatically: true, ..ReplayOptions::default() };
+    let r = replay::replay(&steps, GrowthPolicy::CacheUntilOutOfMemory, options).unwrap();
+    let found = r.plan.unwrap();
+    assert_eq!((found.period, found.plans), (4, 1), "{found:?}");
+    assert!(found.in_force_at.is_some(), "{found:?}");
+    assert_eq!(found.raw_calls, 0, "{found:?}");
+    assert!(found.peak_in_use > 0 && found.peak_held == found.peak_in_use, "settled, holding the plan: {found:?}");
+
     let r = recommend::recommend_marked(&steps, &marks).unwrap();
     assert_eq!(r.candidates.len(), 16, "every set-up, with the plan and without");
     assert!(r.candidates.iter().any(|c| c.planned && c.setup().ends_with(" + planned")));

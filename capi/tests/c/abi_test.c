@@ -67,6 +67,26 @@ static void plan_checks(void) {
     CHECK(gpumem_plan_state(42) == -1);
     CHECK(gpumem_reset_planning(0) == 0);
     CHECK(gpumem_plan_state(0) == 0);
+
+    /* With no gpumem_step: the pool finds the loop's period itself. */
+    CHECK(gpumem_plan_automatically(0) == 0);
+    CHECK(gpumem_plan_state(0) == 3);
+    int iterations = 0;
+    while (gpumem_plan_state(0) != 2 && iterations < 8) {
+        iteration();
+        iterations++;
+    }
+    CHECK(gpumem_plan_state(0) == 2);
+    iteration();
+    planned = stats(0);
+    for (int i = 0; i < 10; i++) {
+        iteration();
+    }
+    after = stats(0);
+    CHECK(after.n_raw_allocs == planned.n_raw_allocs && after.n_raw_frees == planned.n_raw_frees);
+    CHECK(gpumem_plan_automatically(42) == -1);
+    CHECK(gpumem_reset_planning(0) == 0);
+    CHECK(gpumem_plan_state(0) == 0);
     CHECK(gpumem_free_all_blocks(0) == 0);
     CHECK(stats(0).total_bytes == 0);
 }

@@ -187,7 +187,7 @@ impl<R: RawAllocator> PooledMemory<R> {
         fence: Option<Box<dyn Fence>>,
     ) -> Result<(), Failed> {
         if self.tag & RECORDED != 0 {
-            arena.get().shared.planner.on_free(self.tag);
+            arena.get().shared.planner.on_free(self.tag, self.size);
         }
         let own = match (self.borrower(), arena.get().shared.stream_order.get()) {
             (Some(borrower), Some(order)) => Some(order.fence_after(borrower)),

@@ -4,9 +4,11 @@
 //! offline (lifetimes and sizes known) and serves the next iterations from it: the n-th
 //! allocation gets its planned offset, with no raw call and no search.
 //!
-//! Iteration boundaries come from [`Pool::step`]; planning is off until it is first called, and
-//! a pool whose user never calls it works as before (one relaxed load on the cache hit).
+//! Iteration boundaries come from [`Pool::step`], or, after [`Pool::plan_automatically`], from
+//! the allocations themselves (module `detect`); planning is off until one of them is called, and
+//! a pool whose user calls neither works as before (one relaxed load on the cache hit).
 //!
+//! - `detect`: finding the loop's period when nobody calls `step`;
 //! - `record`: the allocations and frees of each iteration, and the lifetimes of one iteration;
 //! - `placement`: the offline placement of those lifetimes into one block;
 //! - `serve`: which allocation of an iteration gets which offset, and when the loop departs;
@@ -21,6 +23,7 @@
 //! fence it was freed behind. A loop that departs [`serve::REPLAN_AFTER`] times in a row is
 //! recorded and planned again; its old plan block becomes an ordinary block of the pool.
 
+mod detect;
 mod placement;
 mod record;
 mod serve;
@@ -36,12 +39,17 @@ use crate::hooks;
 
 use super::sync::ArenaRef;
 use super::{Arena, ArenaCache, ArenaKey, Pool, PooledMemory, RawAllocator};
+use detect::Detector;
 use record::Iteration;
 use serve::Plan;
 
 /// The tag bit of a chunk lent while its iteration is recorded (see `PooledMemory`'s tag): no
 /// arena key plus one reaches it, so it tells a recorded chunk from a borrowed one.
 pub(super) const RECORDED: u64 = 1 << 62;
+
+/// With [`RECORDED`], the tag of a chunk lent while the detector watches for the loop's period:
+/// its free tells the detector the bytes that came back.
+const WATCHED: u64 = 1 << 61;
 
 /// Where the planner stands.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
@@ -50,6 +58,8 @@ pub enum PlanState {
     /// [`Pool::step`] was never called (or planning was reset): no planning.
     #[default]
     Off,
+    /// [`Pool::plan_automatically`] was called: watching the allocations for the loop's period.
+    Detecting,
     /// Recording iterations until two in a row are the same.
     Recording,
     /// A plan is in force.
@@ -73,6 +83,11 @@ pub struct PlanStats {
     /// The most bytes the planned allocations of one iteration have live at once (0 without a
     /// plan): what no placement could go below. `plan_bytes / planned_peak` is the plan's waste.
     pub planned_peak: usize,
+    /// The allocations of one iteration, as [`Pool::plan_automatically`] found the loop's period
+    /// (0 when none was found, or the steps come from [`Pool::step`]).
+    pub period: usize,
+    /// Periods found (each proposed to the planner; one that failed is followed by a longer one).
+    pub periods_found: u64,
 }
 
 /// The planner of one pool. See the module docs.
@@ -93,12 +108,65 @@ struct State {
     /// Which plan an installation is for.
     generation: u64,
     stats: PlanStats,
+    /// Iteration boundaries found from the allocations ([`Pool::plan_automatically`]).
+    auto: Option<Auto>,
 }
+
+/// Where the automatic boundaries stand.
+#[derive(Debug, Default)]
+struct Auto {
+    /// The loop's period in allocations, once found (0 while detecting).
+    period: usize,
+    /// Allocations left in the current iteration.
+    left: usize,
+    /// The shortest period the detector may propose: twice a period that failed.
+    min_period: usize,
+    /// Recorded iterations in a row that did not repeat the one before.
+    unmatched: u32,
+    /// Iterations served from the current plan.
+    planned: u32,
+    /// Allocations watched so far, over every period looked for.
+    watched: usize,
+}
+
+impl Auto {
+    /// The period failed (its iterations did not repeat, or departed from their plan early):
+    /// watch again for a longer one.
+    fn look_again(&mut self) -> Mode {
+        // Twice as long: a run of one size (a temporary made and freed again and again) passes for
+        // periods of every length up to the run's, and a multiple of the loop's period is a
+        // period too, so doubling loses nothing and gets past the run in a few tries.
+        self.min_period = self.period.saturating_mul(2).max(1);
+        self.period = 0;
+        self.unmatched = 0;
+        self.planned = 0;
+        Mode::Detecting(Box::new(Detector::new(self.min_period)))
+    }
+}
+
+/// The allocations watched for a period that are served as recorded ones (a free chunk or a
+/// block of their own size, so that what outlives the loop pins no block the plan frees); later
+/// ones, of a program whose period is long in coming or never comes (shapes that vary), are
+/// served by the pool, so the watching then costs a lock and a hash per allocation, not driver
+/// calls.
+const WATCHED_EXACTLY: usize = 1 << 15;
+
+/// Recorded iterations in a row that may differ before an automatic period is given up.
+const UNMATCHED_AFTER: u32 = 2;
+
+/// Iterations a plan of an automatic period serves before its period counts as the loop's: a
+/// later departure then means the loop changed, and any period may be found next. A period of
+/// the loop's body (the layers of a network, a run of one size) serves as many iterations as the
+/// body repeats inside one iteration and then departs; this many is past the layers of the
+/// networks people train, so such a period is not found again at each iteration.
+const PROVEN_AFTER: u32 = 64;
 
 #[derive(Default)]
 enum Mode {
     #[default]
     Off,
+    /// Watching for the loop's period ([`Pool::plan_automatically`]).
+    Detecting(Box<Detector>),
     Recording {
         before: Option<Iteration>,
         now: Iteration,
@@ -131,6 +199,14 @@ enum Action {
 enum Decision {
     Serve(usize),
     Record(u64),
+    /// Watched by the detector (the chunk's tag): served as a recorded allocation is (`exact`),
+    /// or by the pool.
+    Watch {
+        tag: u64,
+        exact: bool,
+    },
+    /// An automatic iteration boundary comes before this allocation: step, then ask again.
+    Boundary,
     Pool,
 }
 
@@ -144,7 +220,32 @@ impl Planner {
     fn on_malloc(&self, size: usize, key: ArenaKey) -> Decision {
         let mut st = self.state.lock();
         let iteration = st.iteration;
-        match &mut st.mode {
+        let State { mode, auto, stats, .. } = &mut *st;
+        if let Some(auto) = auto {
+            if let Mode::Detecting(detector) = mode {
+                return match detector.on_alloc(size, key) {
+                    Some(period) => {
+                        auto.period = period;
+                        auto.left = period;
+                        stats.period = period;
+                        stats.periods_found += 1;
+                        Decision::Boundary
+                    }
+                    None => {
+                        auto.watched = auto.watched.saturating_add(1);
+                        Decision::Watch { tag: RECORDED | WATCHED, exact: auto.watched <= WATCHED_EXACTLY }
+                    }
+                };
+            }
+            if auto.period > 0 {
+                if auto.left == 0 {
+                    auto.left = auto.period;
+                    return Decision::Boundary;
+                }
+                auto.left -= 1;
+            }
+        }
+        match mode {
             Mode::Recording { now, .. } => {
                 let index = now.alloc(size, key);
                 Decision::Record(RECORDED | (iteration & 0xFF_FFFF) << 32 | u64::from(index))
@@ -152,15 +253,15 @@ impl Planner {
             Mode::Planned(plan) => match plan.on_malloc(size, key) {
                 Some(offset) => {
                     // Counted served now (one lock per allocation); `depart` takes it back.
-                    st.stats.served += 1;
+                    stats.served += 1;
                     Decision::Serve(offset)
                 }
                 None => {
-                    st.stats.departed += 1;
+                    stats.departed += 1;
                     Decision::Pool
                 }
             },
-            Mode::Off | Mode::Installing(_) => Decision::Pool,
+            Mode::Off | Mode::Installing(_) | Mode::Detecting(_) => Decision::Pool,
         }
     }
 
@@ -174,9 +275,15 @@ impl Planner {
         }
     }
 
-    /// A recorded chunk (its tag) was freed.
-    pub(super) fn on_free(&self, tag: u64) {
+    /// A recorded or watched chunk (its tag) of `size` bytes was freed.
+    pub(super) fn on_free(&self, tag: u64, size: usize) {
         let mut st = self.state.lock();
+        if tag & WATCHED != 0 {
+            if let Mode::Detecting(detector) = &mut st.mode {
+                detector.on_free(size);
+            }
+            return;
+        }
         let now_iteration = st.iteration & 0xFF_FFFF;
         let (iteration, index) = ((tag >> 32) & 0xFF_FFFF, tag as u32);
         if let Mode::Recording { now, .. } = &mut st.mode {
@@ -193,11 +300,12 @@ impl Planner {
         st.iteration += 1;
         self.on.store(true, Ordering::Relaxed);
         let action = match std::mem::take(&mut st.mode) {
-            Mode::Off => {
+            Mode::Off | Mode::Detecting(_) => {
                 st.mode = Mode::Recording { before: None, now: Iteration::default() };
                 Action::Nothing
             }
             Mode::Recording { before, now } => {
+                let compared = before.is_some();
                 let plan = before
                     .filter(|b| b.repeated_by(&now))
                     .and_then(|b| Plan::new(&record::lifetimes(&b, &now)));
@@ -210,6 +318,12 @@ impl Planner {
                     }
                     None => {
                         st.mode = Mode::Recording { before: Some(now), now: Iteration::default() };
+                        if let Some(auto) = st.auto.as_mut().filter(|_| compared) {
+                            auto.unmatched += 1;
+                            if auto.unmatched >= UNMATCHED_AFTER {
+                                st.mode = auto.look_again();
+                            }
+                        }
                         Action::Nothing
                     }
                 }
@@ -221,9 +335,23 @@ impl Planner {
             Mode::Planned(mut plan) => {
                 if plan.end_iteration() {
                     let keys = plan.blocks.iter().map(|b| b.0).collect();
-                    st.mode = Mode::Recording { before: None, now: Iteration::default() };
+                    st.mode = match st.auto.as_mut() {
+                        // A proven period: the loop changed, and its new period may be any.
+                        Some(auto) if auto.planned >= PROVEN_AFTER => {
+                            auto.period = 0;
+                            auto.look_again()
+                        }
+                        Some(auto) => auto.look_again(),
+                        None => Mode::Recording { before: None, now: Iteration::default() },
+                    };
+                    if matches!(st.mode, Mode::Detecting(_)) {
+                        st.stats.period = 0;
+                    }
                     Action::Unplan(keys)
                 } else {
+                    if let Some(auto) = st.auto.as_mut() {
+                        auto.planned = auto.planned.saturating_add(1);
+                    }
                     let settle = std::mem::replace(&mut plan.first_iteration, false);
                     let blocks = plan.blocks.clone();
                     st.mode = Mode::Planned(plan);
@@ -238,6 +366,7 @@ impl Planner {
     fn state_of(&self, mode: &Mode) -> PlanState {
         match mode {
             Mode::Off => PlanState::Off,
+            Mode::Detecting(_) => PlanState::Detecting,
             Mode::Recording { .. } | Mode::Installing(_) => PlanState::Recording,
             Mode::Planned(_) => PlanState::Planned,
         }
@@ -268,6 +397,29 @@ impl Planner {
         }
     }
 
+    /// Turns automatic boundaries on (after [`Planner::reset`]): watch for the loop's period.
+    fn start_auto(&self) {
+        let mut st = self.state.lock();
+        st.auto = Some(Auto { min_period: 1, ..Auto::default() });
+        st.mode = Mode::Detecting(Box::new(Detector::new(1)));
+        st.stats.state = PlanState::Detecting;
+        self.on.store(true, Ordering::Relaxed);
+    }
+
+    /// Turns automatic boundaries off: the caller marks iterations with [`Pool::step`]. Returns
+    /// whether they were on.
+    fn stop_auto(&self) -> bool {
+        let mut st = self.state.lock();
+        let was = st.auto.take().is_some();
+        if was {
+            st.stats.period = 0;
+            if matches!(st.mode, Mode::Detecting(_)) {
+                st.mode = Mode::Off;
+            }
+        }
+        was
+    }
+
     /// Stops planning; returns the arenas of the plan dropped, if any.
     fn reset(&self) -> Vec<ArenaKey> {
         let mut st = self.state.lock();
@@ -276,9 +428,11 @@ impl Planner {
         st.stats.state = PlanState::Off;
         st.stats.plan_bytes = 0;
         st.stats.planned_peak = 0;
+        st.stats.period = 0;
+        st.auto = None;
         match std::mem::take(&mut st.mode) {
             Mode::Planned(plan) | Mode::Installing(plan) => plan.blocks.iter().map(|b| b.0).collect(),
-            Mode::Off | Mode::Recording { .. } => Vec::new(),
+            Mode::Off | Mode::Detecting(_) | Mode::Recording { .. } => Vec::new(),
         }
     }
 
@@ -306,6 +460,35 @@ impl<R: RawAllocator> Pool<R> {
     /// The raw allocator's errors other than running out of memory while allocating a plan's
     /// block (then the plan is not put in force, and the loop is recorded again).
     pub fn step(&self) -> Result<()> {
+        // Marked boundaries replace found ones.
+        self.shared.planner.stop_auto();
+        self.end_iteration()
+    }
+
+    /// Plans the loop with no [`Pool::step`] calls: the pool watches its allocations for the
+    /// loop's period (the sizes and arenas of the last `2P` allocations are two equal halves, and
+    /// the bytes they hold are back where they were a period before), then marks an iteration
+    /// boundary every `P` allocations, and plans as `step()` would. A period that does not hold
+    /// (its iterations differ, or depart from their plan at once) is given up for a longer one;
+    /// a loop that changes after its plan served a few iterations is watched again. Drops a
+    /// plan in force first. [`Pool::step`] turns the watching off (the caller's boundaries
+    /// replace it); [`Pool::reset_planning`] turns planning off.
+    ///
+    /// While the pool watches, every allocation takes the miss path, and the first 32,768 are
+    /// served as while it records (a free chunk or a block of its own size, so that what
+    /// outlives the loop pins no block the plan would free): for those, the watching costs what
+    /// recording costs, in driver calls and time. Later ones, of a loop whose period is long in
+    /// coming or never comes (shapes that vary from one iteration to the next), are served by the
+    /// pool as usual, at the cost of a lock and a hash each. [`PlanStats::period`] gives the
+    /// period found.
+    pub fn plan_automatically(&self) {
+        let keys = self.shared.planner.reset();
+        self.unplan(&keys);
+        self.shared.planner.start_auto();
+    }
+
+    /// Ends an iteration: at [`Pool::step`], or at a boundary found from the allocations.
+    fn end_iteration(&self) -> Result<()> {
         hooks::observe(hooks::Observed::Step { device_id: self.shared.device }, 0);
         match self.shared.planner.step() {
             Action::Nothing => Ok(()),
@@ -537,6 +720,20 @@ impl<R: RawAllocator> Pool<R> {
                 let mut p = self.lend_recorded(size, mem_size, key, cache, hooked)?;
                 p.mark_recorded(tag);
                 Ok(p)
+            }
+            Decision::Watch { tag, exact } => {
+                let mut p = if exact {
+                    self.lend_recorded(size, mem_size, key, cache, hooked)?
+                } else {
+                    self.lend_pooled(size, mem_size, key, cache, hooked)?
+                };
+                p.mark_recorded(tag);
+                Ok(p)
+            }
+            Decision::Boundary => {
+                self.end_iteration()?;
+                // The planner has counted the boundary: asked again, it decides the allocation.
+                self.lend_planned(size, mem_size, key, cache, hooked)
             }
             Decision::Pool => self.lend_pooled(size, mem_size, key, cache, hooked),
         }

@@ -537,3 +537,223 @@ fn a_plan_without_room_under_the_limit_waits_and_the_loop_runs_on() {
     pool.free_all_blocks(None);
     assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0);
 }
+
+/// Runs iterations of `ops` with no `step()` until the plan the pool found is in force (at most
+/// `at_most` of them); returns how many ran.
+fn run_until_planned(
+    pool: &Pool<CountingAllocator>,
+    cache: &ArenaCache,
+    ops: &[Op],
+    live: &mut HashMap<usize, Chunk>,
+    at_most: usize,
+) -> usize {
+    for n in 1..=at_most {
+        run(pool, cache, ops, live);
+        if pool.plan_stats().state == PlanState::Planned {
+            return n;
+        }
+    }
+    panic!("no plan after {at_most} iterations: {:?}", pool.plan_stats());
+}
+
+fn allocations(ops: &[Op]) -> usize {
+    ops.iter().filter(|op| matches!(op, Op::Alloc { .. })).count()
+}
+
+#[test]
+fn a_loop_nobody_marks_is_found_planned_and_served_with_no_raw_call() {
+    let layers = 6;
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    pool.plan_automatically();
+    assert_eq!(pool.plan_stats().state, PlanState::Detecting);
+    let mut live = HashMap::new();
+    for l in 0..layers {
+        live.insert(500 + l, pool.malloc(16 * UNIT, ArenaKey::NULL, &cache).unwrap());
+    }
+    run(&pool, &cache, &training_iteration(layers, true), &mut live);
+    let steady = training_iteration(layers, false);
+    // Found after two steady iterations, recorded over two more, planned at the end of those.
+    assert!(run_until_planned(&pool, &cache, &steady, &mut live, 6) <= 5);
+    let stats = pool.plan_stats();
+    assert_eq!(stats.period, allocations(&steady), "{stats:?}");
+    assert_eq!(stats.periods_found, 1);
+    run(&pool, &cache, &steady, &mut live);
+    let (calls, served) = (raw_calls(&allocator), pool.plan_stats().served);
+    for _ in 0..10 {
+        run(&pool, &cache, &steady, &mut live);
+    }
+    assert_eq!(raw_calls(&allocator), calls, "no raw call once planned");
+    let now = pool.plan_stats();
+    assert_eq!(now.served - served, 10 * stats.period as u64, "{now:?}");
+    assert_eq!(now.departed, stats.departed);
+    drop(live);
+    pool.free_all_blocks(None);
+    pool.reset_planning();
+    pool.free_all_blocks(None);
+    assert_eq!(allocator.counts().held.load(Ordering::Relaxed), 0, "every byte back");
+}
+
+#[test]
+fn a_run_of_one_size_inside_the_loop_is_given_up_for_the_loop() {
+    // Sixteen temporaries of one size made and freed in turn: periods 1 to 8 hold over the run,
+    // and fail once the loop goes on.
+    let mut ops = small_loop();
+    for _ in 0..16 {
+        ops.push(alloc(20, 5 * UNIT));
+        ops.push(free(20));
+    }
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    pool.plan_automatically();
+    let mut live = HashMap::new();
+    run(&pool, &cache, &first_of_small_loop(), &mut live);
+    run_until_planned(&pool, &cache, &ops, &mut live, 40);
+    // Not planned on a short period: the plan departs, and the loop's period is found.
+    let mut n = 0;
+    while pool.plan_stats().period % allocations(&ops) != 0 {
+        run_until_planned(&pool, &cache, &ops, &mut live, 40);
+        n += 1;
+        assert!(n < 10, "{:?}", pool.plan_stats());
+    }
+    let stats = pool.plan_stats();
+    assert!(stats.periods_found > 1, "{stats:?}");
+    run(&pool, &cache, &ops, &mut live);
+    let calls = raw_calls(&allocator);
+    for _ in 0..10 {
+        run(&pool, &cache, &ops, &mut live);
+    }
+    assert_eq!(raw_calls(&allocator), calls);
+    assert_eq!(pool.plan_stats().state, PlanState::Planned);
+}
+
+#[test]
+fn a_loop_that_changes_is_found_again() {
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    pool.plan_automatically();
+    let mut live = HashMap::new();
+    run_until_planned(&pool, &cache, &closed_loop(), &mut live, 8);
+    for _ in 0..PROVEN {
+        run(&pool, &cache, &closed_loop(), &mut live);
+    }
+    // Another loop: its allocations depart, the plan goes, and the new period is found.
+    let other: Vec<Op> =
+        vec![alloc(30, 7 * UNIT), alloc(31, 2 * UNIT), free(30), alloc(32, 9 * UNIT), free(32), free(31)];
+    let mut n = 0;
+    while !(pool.plan_stats().state == PlanState::Planned && pool.plan_stats().period == 3) {
+        run(&pool, &cache, &other, &mut live);
+        n += 1;
+        assert!(n <= 12, "{:?}", pool.plan_stats());
+    }
+    run(&pool, &cache, &other, &mut live);
+    let calls = raw_calls(&allocator);
+    for _ in 0..5 {
+        run(&pool, &cache, &other, &mut live);
+    }
+    assert_eq!(raw_calls(&allocator), calls);
+}
+
+/// Iterations a plan serves before a departure counts as a changed loop (`super::PROVEN_AFTER`).
+const PROVEN: u32 = super::PROVEN_AFTER;
+
+#[test]
+fn step_replaces_the_boundaries_found_and_reset_ends_both() {
+    let (pool, _, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    pool.plan_automatically();
+    let mut live = HashMap::new();
+    run_until_planned(&pool, &cache, &closed_loop(), &mut live, 8);
+    pool.step().unwrap();
+    assert_eq!(pool.plan_stats().period, 0, "the caller's steps now");
+    plan(&pool, &cache, &closed_loop(), &mut live);
+    pool.plan_automatically();
+    assert_eq!(pool.plan_stats().state, PlanState::Detecting);
+    pool.reset_planning();
+    assert_eq!(pool.plan_stats().state, PlanState::Off);
+    run(&pool, &cache, &closed_loop(), &mut live);
+    assert_eq!(pool.plan_stats().state, PlanState::Off);
+}
+
+#[test]
+#[cfg_attr(miri, ignore = "replays a thousand trace steps: too slow under Miri")]
+fn the_synthetic_training_trace_with_no_steps_holds_within_two_percent_once_planned() {
+    use super::super::trace::Step;
+    let steps = training_steps(2, 64, 64, 12);
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    pool.plan_automatically();
+    let mut live: HashMap<u64, Chunk> = HashMap::new();
+    let (mut held, mut in_use, mut calls, mut planned) = (0, 0, None, 0);
+    for step in &steps {
+        // Measured from the second trace step after the plan is in force: the first ends with
+        // the release of the recorded iterations' blocks.
+        if pool.plan_stats().state == PlanState::Planned {
+            planned += 1;
+        }
+        if planned == 2 && calls.is_none() {
+            calls = Some(raw_calls(&allocator));
+        }
+        for s in step {
+            match *s {
+                Step::Alloc { id, size, .. } => {
+                    live.insert(id, pool.malloc(size, ArenaKey::NULL, &cache).unwrap());
+                    if calls.is_some() {
+                        held = held.max(pool.total_bytes());
+                        in_use = in_use.max(pool.used_bytes());
+                    }
+                }
+                Step::Free { id } => drop(live.remove(&id)),
+            }
+        }
+    }
+    let stats = pool.plan_stats();
+    assert_eq!(Some(raw_calls(&allocator)), calls, "{stats:?}");
+    let per_step = steps.last().map_or(0, |s| s.iter().filter(|s| matches!(s, Step::Alloc { .. })).count());
+    assert_eq!(stats.period % per_step, 0, "{stats:?}");
+    let ratio = held as f64 / in_use as f64;
+    assert!(ratio <= 1.02, "held {held} over in use {in_use}: {ratio}; {stats:?}");
+}
+
+/// A network of `layers` identical layers: the forward pass keeps each layer's activation; the
+/// backward pass makes each layer's gradient and a large temporary and frees its activation, so
+/// that each backward layer ends where it began (a period of the body, not of the loop); the
+/// gradients are freed at the end.
+fn layered_iteration(layers: usize) -> Vec<Op> {
+    let mut ops = Vec::new();
+    for l in 0..layers {
+        ops.push(alloc(100 + l, 4 * UNIT));
+        ops.push(alloc(200, 2 * UNIT));
+        ops.push(free(200));
+    }
+    ops.push(alloc(300, 3 * UNIT + 7));
+    for l in (0..layers).rev() {
+        ops.push(alloc(400 + l, 4 * UNIT));
+        ops.push(alloc(201, 64 * UNIT));
+        ops.push(free(201));
+        ops.push(free(100 + l));
+    }
+    ops.push(free(300));
+    ops.extend((0..layers).map(|l| free(400 + l)));
+    ops
+}
+
+#[test]
+fn a_period_of_the_layers_is_given_up_for_the_loop_and_not_found_again() {
+    let layers = 12;
+    let ops = layered_iteration(layers);
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    pool.plan_automatically();
+    let mut live = HashMap::new();
+    let mut n = 0;
+    while !(pool.plan_stats().state == PlanState::Planned && pool.plan_stats().period == allocations(&ops)) {
+        run(&pool, &cache, &ops, &mut live);
+        n += 1;
+        assert!(n <= 12, "{:?}", pool.plan_stats());
+    }
+    let found = pool.plan_stats().periods_found;
+    assert!(found > 1, "the backward layers' period came first: {:?}", pool.plan_stats());
+    run(&pool, &cache, &ops, &mut live);
+    let calls = raw_calls(&allocator);
+    for _ in 0..20 {
+        run(&pool, &cache, &ops, &mut live);
+    }
+    let stats = pool.plan_stats();
+    assert_eq!(raw_calls(&allocator), calls, "{stats:?}");
+    assert_eq!(stats.periods_found, found, "the layers' period is not proposed again: {stats:?}");
+}
