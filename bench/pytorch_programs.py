@@ -126,7 +126,7 @@ def run(args):
     results, times = [], []
     # Each step's peak held and in use (peaks reset after each), its raw calls, and the planner's
     # state at its end: the steady loop's figures are the last steps'.
-    step_held, step_in_use, step_calls, step_states = [], [], [], []
+    step_held, step_in_use, step_calls, step_states, step_driver_ns = [], [], [], [], []
 
     def raw_calls_now():
         if gpumem_alloc is None:
@@ -158,6 +158,7 @@ def run(args):
             m = gpumem_alloc.memory_stats()
             step_held.append(m["reserved_bytes.all.peak"])
             step_in_use.append(m["allocated_bytes.all.peak"])
+            step_driver_ns.append(m["gpumem.driver_ns"] - sum(step_driver_ns))
             step_states.append(gpumem_alloc.plan_state())
             gpumem_alloc.reset_peak_stats()
         calls_now = raw_calls_now()
@@ -169,7 +170,7 @@ def run(args):
         "planned": bool(args.step),
         "planned_automatically": bool(args.plan_automatically),
         "step_peak_held": step_held, "step_peak_in_use": step_in_use, "step_raw_calls": step_calls,
-        "step_plan_states": step_states,
+        "step_plan_states": step_states, "step_driver_ns": step_driver_ns,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "results_hex": results, "step_times_s": times,
@@ -214,7 +215,8 @@ def table(path):
                 cells.append("-")
                 continue
             same = "same results" if r["results_hex"] == ref["results_hex"] else "RESULTS DIFFER"
-            cells.append(f"{r['peak_held'] / 1e9:.2f} GB ({r['peak_held'] / in_use:.3f}), {r['raw_calls']} raw, "
+            driver = f", {sum(r['step_driver_ns']) / 1e6:.1f} ms in driver" if r.get("step_driver_ns") else ""
+            cells.append(f"{r['peak_held'] / 1e9:.2f} GB ({r['peak_held'] / in_use:.3f}), {r['raw_calls']} raw{driver}, "
                          f"{r['median_step_s'] * 1e3:.1f} ms/step ({r['median_step_s'] / ref['median_step_s']:.3f}), "
                          f"{same}")
         out.append(f"| {program} | {in_use / 1e9:.2f} GB | " + " | ".join(cells) + " |")
@@ -236,7 +238,10 @@ def table(path):
             held = max(r["step_peak_held"][-STEADY:])
             states = r.get("step_plan_states") or []
             planned = " planned" if states and all(x == 2 for x in states[-STEADY:]) else ""
-            cells.append(f"{held / 1e9:.3f} GB ({held / in_use:.3f}), {sum(r['step_raw_calls'][-STEADY:])} raw{planned}")
+            driver = (f", {sum(r['step_driver_ns'][-STEADY:]) / 1e6:.2f} ms in driver"
+                      if r.get("step_driver_ns") else "")
+            cells.append(f"{held / 1e9:.3f} GB ({held / in_use:.3f}), {sum(r['step_raw_calls'][-STEADY:])} raw"
+                         f"{driver}{planned}")
         out.append(f"| {program} | {in_use / 1e9:.3f} GB | " + " | ".join(cells) + " |")
     print("\n".join(out))
 

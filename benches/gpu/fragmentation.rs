@@ -315,7 +315,7 @@ fn replay_options(raw: Raw, share: bool, marks: &[usize]) -> trace::ReplayOption
         expandable: raw == Raw::Expandable,
         share_across_streams: share,
         marks: marks.to_vec(),
-        plan: false,
+        ..trace::ReplayOptions::default()
     }
 }
 

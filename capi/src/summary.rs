@@ -28,8 +28,9 @@ fn stats_by_torch_name(s: &MemoryStats) -> [(&'static str, Stat); 7] {
 /// The statistics of `s` as a JSON object of PyTorch's keys: each counted [`Stat`] under
 /// `"<name>.all.<current|peak|allocated|freed>"`, then the counters `num_alloc_retries`,
 /// `num_ooms`, `num_device_alloc`, `num_device_free`, and gpumem's own under `gpumem.`
-/// (`cache_hits`, `cache_misses`, `peaks_exact` as 0 or 1).
-pub(crate) fn torch_stats_json(s: &MemoryStats, peaks_exact: bool) -> String {
+/// (`cache_hits`, `cache_misses`, `peaks_exact` as 0 or 1, and `driver_ns`: the nanoseconds the
+/// ABI's pool spent in the driver's allocation calls, every device together).
+pub(crate) fn torch_stats_json(s: &MemoryStats, peaks_exact: bool, driver_ns: u64) -> String {
     let mut out = String::from("{");
     // `write!` to a String cannot fail.
     for (name, stat) in stats_by_torch_name(s) {
@@ -45,7 +46,7 @@ pub(crate) fn torch_stats_json(s: &MemoryStats, peaks_exact: bool) -> String {
     let _ = write!(
         out,
         "\"num_alloc_retries\":{},\"num_ooms\":{},\"num_device_alloc\":{},\"num_device_free\":{},\
-         \"gpumem.cache_hits\":{},\"gpumem.cache_misses\":{},\"gpumem.peaks_exact\":{}}}",
+         \"gpumem.cache_hits\":{},\"gpumem.cache_misses\":{},\"gpumem.peaks_exact\":{},\"gpumem.driver_ns\":{}}}",
         s.retries,
         s.oom_errors,
         s.segments.allocated,
@@ -53,6 +54,7 @@ pub(crate) fn torch_stats_json(s: &MemoryStats, peaks_exact: bool) -> String {
         s.cache_hits,
         s.cache_misses,
         u8::from(peaks_exact),
+        driver_ns,
     );
     out
 }
@@ -72,8 +74,9 @@ pub(crate) fn torch_stats_json(s: &MemoryStats, peaks_exact: bool) -> String {
 pub unsafe extern "C" fn gpumem_memory_stats(device: c_int, buf: *mut c_char, len: usize) -> isize {
     call("gpumem_memory_stats", -1, || {
         let stats = pool::device_pool(device)?.stats();
+        let driver_ns = pool::raw_counts().driver_ns.load(std::sync::atomic::Ordering::Relaxed);
         // SAFETY: forwarded to the caller.
-        unsafe { write_text(&torch_stats_json(&stats.all, stats.peaks_exact), buf, len) }
+        unsafe { write_text(&torch_stats_json(&stats.all, stats.peaks_exact, driver_ns), buf, len) }
     })
 }
 

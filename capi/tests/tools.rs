@@ -70,6 +70,11 @@ fn statistics_have_pytorchs_names_and_peaks_reset() {
     {
         assert!(during[key].is_u64(), "{key} missing");
     }
+    // The time in the driver: summed over the raw calls, so it grew with them.
+    if grew("num_device_alloc") > 0 {
+        assert!(grew("gpumem.driver_ns") > 0, "{during}");
+    }
+    assert!(during["gpumem.driver_ns"].as_u64().unwrap() > 0, "the pool has allocated: {during}");
     free(p, 1 << 20, &stream);
     let after_free = stats_json();
     assert_eq!(after_free["allocated_bytes.all.peak"], during["allocated_bytes.all.peak"]);

@@ -52,7 +52,10 @@ fn a_recorded_loop_replays_with_the_plan_the_pool_made() {
     assert_eq!((found.period, found.plans), (4, 1), "{found:?}");
     assert!(found.in_force_at.is_some(), "{found:?}");
     assert_eq!(found.raw_calls, 0, "{found:?}");
-    assert!(found.peak_in_use > 0 && found.peak_held == found.peak_in_use, "settled, holding the plan: {found:?}");
+    assert!(
+        found.peak_in_use > 0 && found.peak_held == found.peak_in_use,
+        "settled, holding the plan: {found:?}"
+    );
 
     let r = recommend::recommend_marked(&steps, &marks).unwrap();
     assert_eq!(r.candidates.len(), 16, "every set-up, with the plan and without");

@@ -3,11 +3,13 @@
 //! benchmark's device replays and the C ABI's driver-call statistics all count through it.
 //!
 //! With an expandable inner allocator, a growth counts as a raw allocation and a shrink that gave
-//! bytes back as a raw free, as PyTorch counts its expandable segments' maps and unmaps. Raw calls
-//! are the pool's cold path, so the shared atomics cost nothing that matters.
+//! bytes back as a raw free, as PyTorch counts its expandable segments' maps and unmaps. The time
+//! spent in the inner allocator's calls (the driver's, on a device) is summed too. Raw calls are
+//! the pool's cold path, so the shared atomics and the clock reads cost nothing that matters.
 
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use super::{RawAllocator, RawBlock};
 use crate::error::Result;
@@ -24,6 +26,9 @@ pub struct Counts {
     pub allocs: AtomicUsize,
     /// Raw frees (and shrinks that gave bytes back) so far.
     pub frees: AtomicUsize,
+    /// Nanoseconds spent in the inner allocator's calls so far (allocations, growths, shrinks and
+    /// frees, failed ones included): on a device, the time in the driver.
+    pub driver_ns: AtomicU64,
 }
 
 impl Counts {
@@ -47,6 +52,15 @@ impl Counts {
     fn freed(&self, bytes: usize) {
         self.held.fetch_sub(bytes, Ordering::Relaxed);
         self.frees.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Runs `call`, one call of the inner allocator, adding the time it took to `driver_ns`.
+    fn timed<T>(&self, call: impl FnOnce() -> T) -> T {
+        let start = Instant::now();
+        let out = call();
+        let ns = u64::try_from(start.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.driver_ns.fetch_add(ns, Ordering::Relaxed);
+        out
     }
 }
 
@@ -87,7 +101,8 @@ impl<A> Counting<A> {
 /// A block of a [`Counting`] allocator: the inner block, which counts itself freed when dropped.
 #[derive(Debug)]
 pub struct Counted<K: RawBlock> {
-    block: K,
+    /// Taken (and dropped) only by `Counted`'s own drop, which times it.
+    block: Option<K>,
     counts: Arc<Counts>,
 }
 
@@ -95,26 +110,32 @@ impl<K: RawBlock> Counted<K> {
     /// The inner block.
     #[must_use]
     pub fn block(&self) -> &K {
-        &self.block
+        self.block.as_ref().unwrap_or_else(|| unreachable!("the block is taken only when dropped"))
+    }
+
+    fn block_mut(&mut self) -> &mut K {
+        self.block.as_mut().unwrap_or_else(|| unreachable!("the block is taken only when dropped"))
     }
 }
 
 impl<K: RawBlock> RawBlock for Counted<K> {
     fn address(&self) -> DevicePtr {
-        self.block.address()
+        self.block().address()
     }
     fn size(&self) -> usize {
-        self.block.size()
+        self.block().size()
     }
     fn device(&self) -> DeviceId {
-        self.block.device()
+        self.block().device()
     }
 }
 
 impl<K: RawBlock> Drop for Counted<K> {
     fn drop(&mut self) {
         // The block's size now: growths and shrinks were counted as they happened.
-        self.counts.freed(self.block.size());
+        let block = self.block.take();
+        self.counts.freed(block.as_ref().map_or(0, RawBlock::size));
+        self.counts.timed(|| drop(block));
     }
 }
 
@@ -123,9 +144,9 @@ impl<A: RawAllocator + Clone> RawAllocator for Counting<A> {
     type Block = Counted<A::Block>;
 
     fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block> {
-        let block = self.inner.allocate(device, size)?;
+        let block = self.counts.timed(|| self.inner.allocate(device, size))?;
         self.counts.allocated(block.size());
-        Ok(Counted { block, counts: Arc::clone(&self.counts) })
+        Ok(Counted { block: Some(block), counts: Arc::clone(&self.counts) })
     }
 
     fn expandable(&self) -> bool {
@@ -137,7 +158,7 @@ impl<A: RawAllocator + Clone> RawAllocator for Counting<A> {
     }
 
     fn grow(&self, block: &mut Self::Block, extra: usize) -> Result<bool> {
-        let grown = self.inner.grow(&mut block.block, extra)?;
+        let grown = self.counts.timed(|| self.inner.grow(block.block_mut(), extra))?;
         if grown {
             self.counts.allocated(extra);
         }
@@ -145,7 +166,7 @@ impl<A: RawAllocator + Clone> RawAllocator for Counting<A> {
     }
 
     fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
-        let cut = self.inner.shrink(&mut block.block, bytes)?;
+        let cut = self.counts.timed(|| self.inner.shrink(block.block_mut(), bytes))?;
         if cut > 0 {
             self.counts.freed(cut);
         }
@@ -154,5 +175,59 @@ impl<A: RawAllocator + Clone> RawAllocator for Counting<A> {
 
     fn for_device(&self, device: DeviceId) -> Result<Self> {
         Ok(Counting { inner: self.inner.for_device(device)?, counts: Arc::clone(&self.counts) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    /// A raw allocator whose allocations and frees each take a millisecond.
+    #[derive(Clone, Debug, Default)]
+    struct Slow;
+
+    #[derive(Debug)]
+    struct SlowBlock(usize);
+
+    impl RawBlock for SlowBlock {
+        fn address(&self) -> DevicePtr {
+            4096
+        }
+        fn size(&self) -> usize {
+            self.0
+        }
+        fn device(&self) -> DeviceId {
+            0
+        }
+    }
+
+    impl Drop for SlowBlock {
+        fn drop(&mut self) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+
+    impl RawAllocator for Slow {
+        type Block = SlowBlock;
+
+        fn allocate(&self, _: DeviceId, size: usize) -> Result<SlowBlock> {
+            std::thread::sleep(Duration::from_millis(1));
+            Ok(SlowBlock(size))
+        }
+    }
+
+    #[test]
+    fn the_time_in_the_inner_allocator_is_summed_frees_included() {
+        let counting = Counting::new(Slow);
+        let block = counting.allocate(0, 4096).unwrap();
+        let after_allocation = counting.counts().driver_ns.load(Ordering::Relaxed);
+        assert!(after_allocation >= 1_000_000, "{after_allocation} ns");
+        assert_eq!(block.size(), 4096);
+        drop(block);
+        let after_free = counting.counts().driver_ns.load(Ordering::Relaxed);
+        assert!(after_free >= after_allocation + 1_000_000, "{after_free} ns");
+        assert_eq!(counting.counts().snapshot(), (1, 1, 0, 4096));
     }
 }
