@@ -20,7 +20,7 @@
 //!
 //! | key | type | lines | meaning |
 //! |---|---|---|---|
-//! | `hook` | string | all | `"alloc"` (a raw allocation), `"malloc"` (a pool allocation), `"free"` (a pool free), `"raw_free"` (a raw block given back; not in CuPy), or `"step"` (the end of an iteration of the program's loop, `gpumem_step`: `mem_size` and `mem_ptr` 0; not in CuPy; `replay --plan` plans from these) |
+//! | `hook` | string | all | `"alloc"` (a raw allocation), `"malloc"` (a pool allocation), `"free"` (a pool free), `"raw_free"` (a raw block given back; not in CuPy), or `"step"` (the end of an iteration of the program's loop, `gpumem_step`, or one the pool found with `gpumem_plan_automatically`: `mem_size` and `mem_ptr` 0; not in CuPy; `replay --plan` plans from these) |
 //! | `device_id` | integer | all | the device |
 //! | `size` | integer | `malloc` (CuPy); optional on `free` | bytes asked for |
 //! | `mem_size` | integer | all | bytes allocated or freed, rounded to the allocator's unit |
