@@ -113,7 +113,7 @@ int gpumem_export_snapshot(int device, const char *path);
  * error. 0, or -1 (unknown device, a device failure; no memory for the plan is not a failure).
  * gpumem_plan_automatically(device) plans with no gpumem_step calls: the pool finds the loop's
  * period from its allocations and marks the iterations itself (0 or -1); a later gpumem_step
- * turns that off. gpumem_reset_planning drops the plan and stops planning (0 or -1).
+ * turns that off. GPUMEM_PLAN_AUTOMATICALLY=1 in the environment does it for every device. gpumem_reset_planning drops the plan and stops planning (0 or -1).
  * gpumem_plan_state: 0 off, 1 recording, 2 a plan in force, 3 watching for the loop's period,
  * -1 on failure. */
 int gpumem_step(int device);

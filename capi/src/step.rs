@@ -30,6 +30,7 @@ pub extern "C" fn gpumem_step(device: c_int) -> c_int {
 /// the loop's period and marks the iterations itself (`Pool::plan_automatically`), then plans as
 /// `gpumem_step` would. For programs that cannot mark their iterations; a later `gpumem_step`
 /// turns the watching off (the caller's marks replace it). Drops a plan in force first.
+/// `GPUMEM_PLAN_AUTOMATICALLY=1` does the same for every device's pool when it is made.
 ///
 /// Returns 0, or -1 with the last error set (unknown device). Thread-safe.
 #[no_mangle]

@@ -5,6 +5,7 @@
 //! | `GPUMEM_GPU_MEMORY_LIMIT` | a byte size (below) or a percentage of the device's memory (`40%`, `70.5%`) | no limit |
 //! | `GPUMEM_EXPANDABLE_SEGMENTS` | a flag (below) | off |
 //! | `GPUMEM_SHARE_ACROSS_STREAMS` | a flag | off |
+//! | `GPUMEM_PLAN_AUTOMATICALLY` | a flag | off |
 //! | `GPUMEM_PER_THREAD_DEFAULT_STREAM` | a flag | off |
 //! | `GPUMEM_PAGEABLE_STAGING` | `off`, `auto`, or a byte size | `auto` |
 //! | `GPUMEM_HOST_DEVICES` | a whole number from 1 to 64 | 2 |

@@ -246,6 +246,20 @@ pub fn share_across_streams_from_env() -> Result<Option<bool>> {
     flag_from_env(SHARE_ACROSS_STREAMS_ENV)
 }
 
+/// The environment variable that makes each new pool of the runtime plan its loop with no
+/// `step()` calls ([`Pool::plan_automatically`]): a flag, such as `1` or `true` on, `0` or
+/// `false` off (the default; [the forms](crate::env)).
+pub const PLAN_AUTOMATICALLY_ENV: &str = "GPUMEM_PLAN_AUTOMATICALLY";
+
+/// Reads [`PLAN_AUTOMATICALLY_ENV`]; `None` when it is not set.
+///
+/// # Errors
+///
+/// [`Error::InvalidEnvironment`] for any other value.
+pub fn plan_automatically_from_env() -> Result<Option<bool>> {
+    flag_from_env(PLAN_AUTOMATICALLY_ENV)
+}
+
 /// An on/off environment variable, read as [`crate::env::flag`] reads every flag.
 fn flag_from_env(variable: &'static str) -> Result<Option<bool>> {
     crate::env::flag(variable)

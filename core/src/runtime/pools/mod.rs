@@ -190,6 +190,9 @@ where
         if crate::pool::share_across_streams_from_env()? == Some(true) {
             pool.pool.set_share_across_streams(true)?;
         }
+        if crate::pool::plan_automatically_from_env()? == Some(true) {
+            pool.pool.plan_automatically();
+        }
         Ok(pool)
     }
 
