@@ -130,6 +130,20 @@ struct Auto {
 }
 
 impl Auto {
+    /// Whether an allocation that departs from the plan of this period is served as a recorded
+    /// one (a free chunk or a block of its own size) rather than by the pool's rules: while the
+    /// period is not yet proven, it may be a period of the loop's body, and what departs from it
+    /// may outlive the loop (an optimizer's state, made in the first iteration); served by the
+    /// pool's rules, it would pin a block that the loop's transient tensors then share. Counted
+    /// with the watched allocations, under the same bound.
+    fn departs_exactly(&mut self) -> bool {
+        if self.planned >= PROVEN_AFTER {
+            return false;
+        }
+        self.watched = self.watched.saturating_add(1);
+        self.watched <= WATCHED_EXACTLY
+    }
+
     /// The period failed (its iterations did not repeat, or departed from their plan early):
     /// watch again for a longer one.
     fn look_again(&mut self) -> Mode {
@@ -207,6 +221,10 @@ enum Decision {
     },
     /// An automatic iteration boundary comes before this allocation: step, then ask again.
     Boundary,
+    /// The allocation departs from the plan: served by the pool, or as a recorded one (`exact`).
+    Depart {
+        exact: bool,
+    },
     Pool,
 }
 
@@ -258,21 +276,23 @@ impl Planner {
                 }
                 None => {
                     stats.departed += 1;
-                    Decision::Pool
+                    Decision::Depart { exact: auto.as_mut().is_some_and(Auto::departs_exactly) }
                 }
             },
             Mode::Off | Mode::Installing(_) | Mode::Detecting(_) => Decision::Pool,
         }
     }
 
-    /// The planned range `on_malloc` gave was not free: the pool serves the allocation.
-    fn depart(&self) {
+    /// The planned range `on_malloc` gave was not free: the pool serves the allocation, as a
+    /// recorded one when this returns `true` (see [`Auto::departs_exactly`]).
+    fn depart(&self) -> bool {
         let mut st = self.state.lock();
         st.stats.served = st.stats.served.saturating_sub(1);
         st.stats.departed += 1;
         if let Mode::Planned(plan) = &mut st.mode {
             plan.depart();
         }
+        st.auto.as_mut().is_some_and(Auto::departs_exactly)
     }
 
     /// A recorded or watched chunk (its tag) of `size` bytes was freed.
@@ -713,7 +733,9 @@ impl<R: RawAllocator> Pool<R> {
                         return Ok(p);
                     }
                 }
-                planner.depart();
+                if planner.depart() {
+                    return self.lend_recorded(size, mem_size, key, cache, hooked);
+                }
                 self.lend_pooled(size, mem_size, key, cache, hooked)
             }
             Decision::Record(tag) => {
@@ -735,7 +757,10 @@ impl<R: RawAllocator> Pool<R> {
                 // The planner has counted the boundary: asked again, it decides the allocation.
                 self.lend_planned(size, mem_size, key, cache, hooked)
             }
-            Decision::Pool => self.lend_pooled(size, mem_size, key, cache, hooked),
+            Decision::Depart { exact: true } => self.lend_recorded(size, mem_size, key, cache, hooked),
+            Decision::Depart { exact: false } | Decision::Pool => {
+                self.lend_pooled(size, mem_size, key, cache, hooked)
+            }
         }
     }
 }

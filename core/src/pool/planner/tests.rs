@@ -757,3 +757,36 @@ fn a_period_of_the_layers_is_given_up_for_the_loop_and_not_found_again() {
     assert_eq!(raw_calls(&allocator), calls, "{stats:?}");
     assert_eq!(stats.periods_found, found, "the layers' period is not proposed again: {stats:?}");
 }
+
+#[test]
+fn what_departs_from_a_plan_of_the_layers_gets_a_block_of_its_own() {
+    // The optimizer's state is made at the end of the first iteration, while the plan of the
+    // backward layers' period is in force: it departs from that plan and outlives the loop. Served
+    // by the pool's size classes it would share blocks with the loop's temporaries; as a recorded
+    // allocation it gets blocks of its own, and once the loop's plan settles the pool holds the
+    // plan's block and the long-lived tensors only.
+    let layers = 12;
+    let steady = layered_iteration(layers);
+    let mut first = steady.clone();
+    first.extend((0..layers).map(|l| alloc(600 + l, (3 + l % 3) * UNIT)));
+    let long_lived: usize = (0..layers).map(|l| (3 + l % 3) * UNIT).sum();
+    let (pool, _, cache) = counted(GrowthPolicy::Segments);
+    pool.plan_automatically();
+    let mut live = HashMap::new();
+    run(&pool, &cache, &first, &mut live);
+    let mut n = 0;
+    while !(pool.plan_stats().state == PlanState::Planned && pool.plan_stats().period == allocations(&steady)) {
+        run(&pool, &cache, &steady, &mut live);
+        n += 1;
+        assert!(n <= 12, "{:?}", pool.plan_stats());
+    }
+    // One iteration to settle (the recorded iterations' blocks go), then the steady loop.
+    run(&pool, &cache, &steady, &mut live);
+    let mut held = 0;
+    for op in steady.iter().chain(&steady) {
+        run(&pool, &cache, std::slice::from_ref(op), &mut live);
+        held = held.max(pool.total_bytes());
+    }
+    let stats = pool.plan_stats();
+    assert_eq!(held, stats.plan_bytes + long_lived, "{stats:?}");
+}
