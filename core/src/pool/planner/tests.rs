@@ -651,8 +651,8 @@ fn a_loop_that_changes_is_found_again() {
     assert_eq!(raw_calls(&allocator), calls);
 }
 
-/// Iterations a plan serves before a departure counts as a changed loop (`super::PROVEN_AFTER`).
-const PROVEN: u32 = super::PROVEN_AFTER;
+/// Iterations a plan serves before a departure counts as a changed loop (`state::PROVEN_AFTER`).
+const PROVEN: u32 = super::state::PROVEN_AFTER;
 
 #[test]
 fn step_replaces_the_boundaries_found_and_reset_ends_both() {
@@ -775,7 +775,8 @@ fn what_departs_from_a_plan_of_the_layers_gets_a_block_of_its_own() {
     let mut live = HashMap::new();
     run(&pool, &cache, &first, &mut live);
     let mut n = 0;
-    while !(pool.plan_stats().state == PlanState::Planned && pool.plan_stats().period == allocations(&steady)) {
+    while !(pool.plan_stats().state == PlanState::Planned && pool.plan_stats().period == allocations(&steady))
+    {
         run(&pool, &cache, &steady, &mut live);
         n += 1;
         assert!(n <= 12, "{:?}", pool.plan_stats());
