@@ -315,10 +315,8 @@ impl<R: RawAllocator> Pool<R> {
                         return Ok(p);
                     }
                 }
-                if planner.depart() {
-                    return self.lend_recorded(size, mem_size, key, cache, hooked);
-                }
-                self.lend_pooled(size, mem_size, key, cache, hooked)
+                let exact = planner.depart();
+                self.lend_exactly_or_pooled(exact, size, mem_size, key, cache, hooked)
             }
             Decision::Record(tag) => {
                 let mut p = self.lend_recorded(size, mem_size, key, cache, hooked)?;
@@ -326,11 +324,7 @@ impl<R: RawAllocator> Pool<R> {
                 Ok(p)
             }
             Decision::Watch { tag, exact } => {
-                let mut p = if exact {
-                    self.lend_recorded(size, mem_size, key, cache, hooked)?
-                } else {
-                    self.lend_pooled(size, mem_size, key, cache, hooked)?
-                };
+                let mut p = self.lend_exactly_or_pooled(exact, size, mem_size, key, cache, hooked)?;
                 p.mark_recorded(tag);
                 Ok(p)
             }
@@ -339,10 +333,28 @@ impl<R: RawAllocator> Pool<R> {
                 // The planner has counted the boundary: asked again, it decides the allocation.
                 self.lend_planned(size, mem_size, key, cache, hooked)
             }
-            Decision::Depart { exact: true } => self.lend_recorded(size, mem_size, key, cache, hooked),
-            Decision::Depart { exact: false } | Decision::Pool => {
-                self.lend_pooled(size, mem_size, key, cache, hooked)
+            Decision::Depart { exact } => {
+                self.lend_exactly_or_pooled(exact, size, mem_size, key, cache, hooked)
             }
+            Decision::Pool => self.lend_pooled(size, mem_size, key, cache, hooked),
+        }
+    }
+
+    /// Serves an allocation as a recorded one (`exact`: a free chunk or a block of its own size)
+    /// or by the pool's rules.
+    fn lend_exactly_or_pooled(
+        &self,
+        exact: bool,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+        hooked: bool,
+    ) -> Result<PooledMemory<R>> {
+        if exact {
+            self.lend_recorded(size, mem_size, key, cache, hooked)
+        } else {
+            self.lend_pooled(size, mem_size, key, cache, hooked)
         }
     }
 }

@@ -89,8 +89,6 @@ struct Auto {
     period: usize,
     /// Allocations left in the current iteration.
     left: usize,
-    /// The shortest period the detector may propose: twice a period that failed.
-    min_period: usize,
     /// Recorded iterations in a row that did not repeat the one before.
     unmatched: u32,
     /// Iterations served from the current plan.
@@ -107,9 +105,12 @@ impl Auto {
     /// pool's rules, it would pin a block that the loop's transient tensors then share. Counted
     /// with the watched allocations, under the same bound.
     fn departs_exactly(&mut self) -> bool {
-        if self.planned >= PROVEN_AFTER {
-            return false;
-        }
+        self.planned < PROVEN_AFTER && self.watch_exactly()
+    }
+
+    /// Counts one more watched allocation; returns whether it is served as a recorded one
+    /// (within [`WATCHED_EXACTLY`]).
+    fn watch_exactly(&mut self) -> bool {
         self.watched = self.watched.saturating_add(1);
         self.watched <= WATCHED_EXACTLY
     }
@@ -120,11 +121,11 @@ impl Auto {
         // Twice as long: a run of one size (a temporary made and freed again and again) passes for
         // periods of every length up to the run's, and a multiple of the loop's period is a
         // period too, so doubling loses nothing and gets past the run in a few tries.
-        self.min_period = self.period.saturating_mul(2).max(1);
+        let min_period = self.period.saturating_mul(2);
         self.period = 0;
         self.unmatched = 0;
         self.planned = 0;
-        Mode::Detecting(Box::new(Detector::new(self.min_period)))
+        Mode::Detecting(Box::new(Detector::new(min_period)))
     }
 }
 
@@ -219,10 +220,7 @@ impl Planner {
                         stats.periods_found += 1;
                         Decision::Boundary
                     }
-                    None => {
-                        auto.watched = auto.watched.saturating_add(1);
-                        Decision::Watch { tag: RECORDED | WATCHED, exact: auto.watched <= WATCHED_EXACTLY }
-                    }
+                    None => Decision::Watch { tag: RECORDED | WATCHED, exact: auto.watch_exactly() },
                 };
             }
             if auto.period > 0 {
@@ -390,24 +388,21 @@ impl Planner {
     /// Turns automatic boundaries on (after [`Planner::reset`]): watch for the loop's period.
     pub(super) fn start_auto(&self) {
         let mut st = self.state.lock();
-        st.auto = Some(Auto { min_period: 1, ..Auto::default() });
+        st.auto = Some(Auto::default());
         st.mode = Mode::Detecting(Box::new(Detector::new(1)));
         st.stats.state = PlanState::Detecting;
         self.on.store(true, Ordering::Relaxed);
     }
 
-    /// Turns automatic boundaries off: the caller marks iterations with [`Pool::step`]. Returns
-    /// whether they were on.
-    pub(super) fn stop_auto(&self) -> bool {
+    /// Turns automatic boundaries off: the caller marks iterations with [`Pool::step`].
+    pub(super) fn stop_auto(&self) {
         let mut st = self.state.lock();
-        let was = st.auto.take().is_some();
-        if was {
+        if st.auto.take().is_some() {
             st.stats.period = 0;
             if matches!(st.mode, Mode::Detecting(_)) {
                 st.mode = Mode::Off;
             }
         }
-        was
     }
 
     /// Stops planning; returns the arenas of the plan dropped, if any.
