@@ -151,10 +151,10 @@ pub enum GrowthPolicy {
     /// a raw call. The cache hit costs the same as under the other policies.
     ///
     /// With expandable segments, small and large requests share one growing block, and a large
-    /// request grows it by at least 20 MiB and at least 1/64 of what it maps: a loop's first
-    /// step then maps memory a few times instead of once per new tensor (three driver calls a
-    /// growth), a block of gigabytes grows in steps that keep pace with it, and a step grows past
-    /// its need by less than one such growth per arena (at most 1/64 of the block, or 20 MiB).
+    /// request grows it by at least 20 MiB and at least 1/256 of what it maps: a block of tens of
+    /// gigabytes grows in steps that keep pace with it (three driver calls a growth), and a step
+    /// grows past its need by less than one such growth per arena (at most 1/256 of the block,
+    /// or 20 MiB), which is held at the peak.
     ///
     /// Without expandable segments, a long-lived tensor made while a large block is free (an
     /// optimizer's state, made after the first backward pass) is cut from that block and pins
