@@ -8,8 +8,10 @@
 # Needs the library built with CUDA on a machine with Rust:
 #   cargo build --release -p gpumem-capi --features cuda
 # and GPUMEM_CAPI_LIB pointing at it (default target/release/libgpumem_capi.so).
-# PROGRAMS="gen cnn" limits the programs. Results go to $OUT (default /tmp/gpumem-programs):
-# results.jsonl (one line per run), log.txt and table.md.
+# PROGRAMS="gen cnn" limits the programs; RUNS="torch torch-expandable default auto auto-fixed"
+# limits the runs of each (default all: torch torch-expandable default step step-fixed auto
+# auto-fixed). Results go to $OUT (default /tmp/gpumem-programs): results.jsonl (one line per
+# run), log.txt and table.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
 OUT=${OUT:-/tmp/gpumem-programs}
@@ -22,18 +24,24 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     sha256sum "$LIB"
     for program in ${PROGRAMS:-gen cnn vit bert}; do
-        timeout 150 python3 $P "$program" --allocator torch --label "PyTorch default" --out "$OUT/results.jsonl"
-        PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-            timeout 150 python3 $P "$program" --allocator torch --label "PyTorch expandable" --out "$OUT/results.jsonl"
-        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --label "gpumem C ABI default" --out "$OUT/results.jsonl"
-        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
-            --label "gpumem default, planned (gpumem_step)" --out "$OUT/results.jsonl"
-        GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
-            --label "gpumem fixed blocks, planned" --out "$OUT/results.jsonl"
-        timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --plan-automatically \
-            --label "gpumem default, planned automatically" --out "$OUT/results.jsonl"
-        GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
-            --plan-automatically --label "gpumem fixed blocks, planned automatically" --out "$OUT/results.jsonl"
+        for run in ${RUNS:-torch torch-expandable default step step-fixed auto auto-fixed}; do
+            case $run in
+            torch) timeout 150 python3 $P "$program" --allocator torch --label "PyTorch default" --out "$OUT/results.jsonl" ;;
+            torch-expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
+                timeout 150 python3 $P "$program" --allocator torch --label "PyTorch expandable" --out "$OUT/results.jsonl" ;;
+            default) timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
+                --label "gpumem C ABI default" --out "$OUT/results.jsonl" ;;
+            step) timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
+                --label "gpumem default, planned (gpumem_step)" --out "$OUT/results.jsonl" ;;
+            step-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
+                --step --label "gpumem fixed blocks, planned" --out "$OUT/results.jsonl" ;;
+            auto) timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --plan-automatically \
+                --label "gpumem default, planned automatically" --out "$OUT/results.jsonl" ;;
+            auto-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
+                --plan-automatically --label "gpumem fixed blocks, planned automatically" --out "$OUT/results.jsonl" ;;
+            *) echo "unknown run: $run" ;;
+            esac
+        done
     done
     python3 $P --table "$OUT/results.jsonl" | tee "$OUT/table.md"
 } 2>&1 | grep -v "Warning\|warn(" | tee "$OUT/log.txt"
