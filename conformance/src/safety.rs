@@ -208,6 +208,78 @@ macro_rules! __safety_tests {
                     assert_eq!(pool.used_bytes(), N, "the graph gave its memory back");
                 }
 
+                fn a_planned_pool_keeps_a_graphs_memory_from_its_plan_and_its_pool() {
+                    // An iteration's plan serves fixed places; a capture's memory dropped after
+                    // it, or inside it, must not be served from the plan or the pool while the
+                    // graph lives, and the graph's replays must not reach what is lent instead.
+                    let _serial = $crate::capture_lock();
+                    if !supports_capture() {
+                        return;
+                    }
+                    let pool = MemoryPool::new();
+                    let s = Stream::non_blocking().unwrap();
+                    let _current = s.enter().unwrap();
+                    let device = Device::current().id();
+                    let iteration = || {
+                        let a = pool.malloc(N).unwrap();
+                        let b = pool.malloc(2 * N).unwrap();
+                        a.memset_async(1, N, None).unwrap();
+                        b.memset_async(2, 2 * N, None).unwrap();
+                        (a, b)
+                    };
+                    for _ in 0..3 {
+                        drop(iteration());
+                        pool.step(device).unwrap();
+                    }
+                    let stats = pool.device_pool(device).unwrap().pool().plan_stats();
+                    assert_eq!(stats.state, gpumem::core::pool::PlanState::Planned, "{stats:?}");
+                    let planned = iteration();
+                    let (a_at, b_at) = (planned.0.ptr(), planned.1.ptr());
+                    drop(planned);
+                    pool.step(device).unwrap();
+                    s.synchronize().unwrap();
+
+                    // The capture allocates as an iteration does: the plan's places.
+                    s.begin_capture(None).unwrap();
+                    let (a, b) = iteration();
+                    let graph = s.end_capture().unwrap();
+                    let (in_graph_a, in_graph_b) = (a.ptr(), b.ptr());
+                    assert_eq!((in_graph_a, in_graph_b), (a_at, b_at), "the capture was served by the plan");
+                    drop((a, b));
+                    pool.step(device).unwrap();
+                    // Eager iterations while the graph lives get other memory, and the replays
+                    // leave it alone.
+                    for _ in 0..2 {
+                        let (x, y) = iteration();
+                        for p in [x.ptr(), y.ptr()] {
+                            assert!(p != in_graph_a && p != in_graph_b, "the graph's memory was lent");
+                        }
+                        s.synchronize().unwrap();
+                        x.memset(7, N).unwrap();
+                        y.memset(8, 2 * N).unwrap();
+                        graph.launch(Some(&s)).unwrap();
+                        s.synchronize().unwrap();
+                        assert_eq!(read(&x, N), vec![7u8; N]);
+                        assert_eq!(read(&y, 2 * N), vec![8u8; 2 * N]);
+                        drop((x, y));
+                        pool.step(device).unwrap();
+                    }
+                    drop(graph);
+                    s.synchronize().unwrap();
+                    // Once the graph is gone its memory comes back: nothing is lost. The eager
+                    // iterations departed from the plan (its places were the graph's), so the
+                    // pool records the loop again and plans it anew.
+                    assert_eq!(pool.used_bytes(), 0, "every byte came back");
+                    for _ in 0..3 {
+                        drop(iteration());
+                        pool.step(device).unwrap();
+                    }
+                    let stats = pool.device_pool(device).unwrap().pool().plan_stats();
+                    assert_eq!(stats.state, gpumem::core::pool::PlanState::Planned, "{stats:?}");
+                    assert!(stats.departed > 0 && stats.plans >= 2, "{stats:?}");
+                    s.synchronize().unwrap();
+                }
+
                 fn a_capture_with_a_forked_stream_lends_nothing_again() {
                     let _serial = $crate::capture_lock();
                     if !supports_capture() {
