@@ -26,6 +26,9 @@ pub(crate) struct Replayed {
     /// end): for a training trace, its second step, then its third and later steps.
     in_steps: Vec<usize>,
     ms: f64,
+    /// The time spent in the raw allocator's calls during the replay (raw allocations, growths,
+    /// shrinks and frees), in milliseconds: part of `ms`.
+    driver_ms: f64,
     /// Allocations served by another stream's free chunk.
     across: u64,
 }
@@ -88,6 +91,7 @@ pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) 
         let mut live = HashMap::with_capacity(steps.len());
         let calls = || counts.allocs.load(Ordering::Relaxed) + counts.frees.load(Ordering::Relaxed);
         let mut per_step = trace::CountsBetweenMarks::new(marks);
+        let driver_before = counts.driver_ns.load(Ordering::Relaxed);
         let t = Instant::now();
         for (i, step) in steps.iter().enumerate() {
             per_step.at(i, calls());
@@ -101,13 +105,14 @@ pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) 
         drop(live);
         gpumem::Device::current().synchronize().unwrap();
         let ms = t.elapsed().as_secs_f64() * 1e3;
+        let driver_ms = (counts.driver_ns.load(Ordering::Relaxed) - driver_before) as f64 / 1e6;
         let in_steps = per_step.finish(calls());
         let (allocs, frees, _, peak) = counts.snapshot();
         let ratio = peak as f64 / trace::peak_in_use(steps) as f64;
         let across = pool.stats().all.lent_across_streams;
         drop(pool);
         drop(streams);
-        Replayed { ratio, allocs, frees, in_steps, ms, across }
+        Replayed { ratio, allocs, frees, in_steps, ms, driver_ms, across }
     }
     let Setup { policy, raw, share } = setup;
     match raw {
@@ -130,7 +135,8 @@ pub(crate) fn replay(steps: &[trace::Step], marks: &[usize], setup: Setup) -> Re
     replay_once(steps, marks, setup);
     let runs: Vec<Replayed> = (0..REPLAYS).map(|_| replay_once(steps, marks, setup)).collect();
     let ms = median(&mut runs.iter().map(|r| r.ms).collect::<Vec<_>>());
-    Replayed { ms, ..runs[0].clone() }
+    let driver_ms = median(&mut runs.iter().map(|r| r.driver_ms).collect::<Vec<_>>());
+    Replayed { ms, driver_ms, ..runs[0].clone() }
 }
 
 /// The traces the fragmentation rows replay: the random one, and those `bench/run-gpu.sh`
@@ -191,10 +197,10 @@ pub(crate) fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
     let mut table = String::new();
     writeln!(
         table,
-        "| trace | allocator | held / in use | raw allocations | raw frees | raw calls in step 2 | from step 3 on | replay |"
+        "| trace | allocator | held / in use | raw allocations | raw frees | raw calls in step 2 | from step 3 on | replay | of it in the driver |"
     )
     .unwrap();
-    writeln!(table, "| --- | --- | --- | --- | --- | --- | --- | --- |").unwrap();
+    writeln!(table, "| --- | --- | --- | --- | --- | --- | --- | --- | --- |").unwrap();
     for (name, steps, marks) in traces(dir) {
         let label = format!("{} ({} steps)", name.replace('_', " "), steps.len());
         let mut ours = Vec::new();
@@ -206,13 +212,13 @@ pub(crate) fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
             let step = |k: usize| r.in_steps.get(k).map_or("-".into(), usize::to_string);
             let (second, later) = (step(0), step(1));
             eprintln!(
-                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {second:>5} in step 2 {later:>5} after {:>9.2} ms  {} lent across streams",
-                r.ratio, r.allocs, r.frees, r.ms, r.across
+                "  {label:<22} {what:<36} {:.3}  {:>5} allocs {:>5} frees {second:>5} in step 2 {later:>5} after {:>9.2} ms ({:.2} ms in the driver)  {} lent across streams",
+                r.ratio, r.allocs, r.frees, r.ms, r.driver_ms, r.across
             );
             writeln!(
                 table,
-                "| {label} | {what} | {:.3} | {} | {} | {second} | {later} | {:.1} ms |",
-                r.ratio, r.allocs, r.frees, r.ms
+                "| {label} | {what} | {:.3} | {} | {} | {second} | {later} | {:.1} ms | {:.1} ms |",
+                r.ratio, r.allocs, r.frees, r.ms, r.driver_ms
             )
             .unwrap();
             ours.push((policy, raw, share, r));
@@ -220,14 +226,14 @@ pub(crate) fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
         for (what, key) in FRAG_ANCHORS {
             let get = |field: &str| report.external(&format!("{key}_frag_{name}_{field}"));
             let Some(ratio) = get("ratio") else {
-                writeln!(table, "| {label} | {what} | - | - | - | - | - | - |").unwrap();
+                writeln!(table, "| {label} | {what} | - | - | - | - | - | - | - |").unwrap();
                 continue;
             };
             let count = |field: &str| get(field).map_or("-".into(), |v| format!("{v:.0}"));
             let ms = get("ms").map_or("-".into(), |v| format!("{v:.1} ms"));
             writeln!(
                 table,
-                "| {label} | {what} | {ratio:.3} | {} | {} | {} | {} | {ms} |",
+                "| {label} | {what} | {ratio:.3} | {} | {} | {} | {} | {ms} | not reported |",
                 count("allocs"),
                 count("frees"),
                 count("in_step2"),
