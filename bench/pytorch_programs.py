@@ -127,6 +127,10 @@ def run(args):
     # Each step's peak held and in use (peaks reset after each), its raw calls, and the planner's
     # state at its end: the steady loop's figures are the last steps'.
     step_held, step_in_use, step_calls, step_states, step_driver_ns = [], [], [], [], []
+    # The device's own count of memory in use at each step's end (cuMemGetInfo: every process's
+    # memory and this one's context too): it includes what the driver rounds each allocation up
+    # to, which neither allocator's count of held bytes does.
+    step_device_used = []
 
     def raw_calls_now():
         if gpumem_alloc is None:
@@ -161,6 +165,8 @@ def run(args):
             step_driver_ns.append(m["gpumem.driver_ns"] - sum(step_driver_ns))
             step_states.append(gpumem_alloc.plan_state())
             gpumem_alloc.reset_peak_stats()
+        free, total = torch.cuda.mem_get_info()
+        step_device_used.append(total - free)
         calls_now = raw_calls_now()
         step_calls.append(calls_now - calls_before)
         calls_before = calls_now
@@ -171,6 +177,7 @@ def run(args):
         "planned_automatically": bool(args.plan_automatically),
         "step_peak_held": step_held, "step_peak_in_use": step_in_use, "step_raw_calls": step_calls,
         "step_plan_states": step_states, "step_driver_ns": step_driver_ns,
+        "step_device_used": step_device_used,
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "results_hex": results, "step_times_s": times,
@@ -221,7 +228,8 @@ def table(path):
                          f"{same}")
         out.append(f"| {program} | {in_use / 1e9:.2f} GB | " + " | ".join(cells) + " |")
     # The steady loop: the last STEADY steps of each run, held over PyTorch's in use in them.
-    out += ["", f"Last {STEADY} steps: peak held over PyTorch's peak in use in them, raw calls in them", "",
+    out += ["", f"Last {STEADY} steps: peak held over PyTorch's peak in use in them, raw calls in them, the "
+            "device's memory in use at their ends (cuMemGetInfo)", "",
             "| program | in use (PyTorch) | " + " | ".join(labels) + " |", "| --- | --- |" + " --- |" * len(labels)]
     for program in PROGRAMS:
         runs = {r["label"]: r for r in rows if r["program"] == program}
@@ -240,8 +248,10 @@ def table(path):
             planned = " planned" if states and all(x == 2 for x in states[-STEADY:]) else ""
             driver = (f", {sum(r['step_driver_ns'][-STEADY:]) / 1e6:.2f} ms in driver"
                       if r.get("step_driver_ns") else "")
+            device = (f", device {max(r['step_device_used'][-STEADY:]) / 1e9:.3f} GB"
+                      if r.get("step_device_used") else "")
             cells.append(f"{held / 1e9:.3f} GB ({held / in_use:.3f}), {sum(r['step_raw_calls'][-STEADY:])} raw"
-                         f"{driver}{planned}")
+                         f"{driver}{device}{planned}")
         out.append(f"| {program} | {in_use / 1e9:.3f} GB | " + " | ".join(cells) + " |")
     print("\n".join(out))
 
