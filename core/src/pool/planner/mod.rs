@@ -95,9 +95,9 @@ impl<R: RawAllocator> Pool<R> {
         match self.shared.planner.step() {
             Action::Nothing => Ok(()),
             Action::Install { generation, blocks } => self.install_plan(generation, &blocks),
-            Action::Keep { blocks, settle } => {
+            Action::Keep { blocks, give_back } => {
                 for &(key, size) in &blocks {
-                    if settle {
+                    if give_back {
                         self.release_whole_ordinary_blocks(key);
                     }
                     if self.arena_in_map(key).state.lock().plan_block().is_none() {

@@ -34,7 +34,10 @@ pub(crate) struct Plan {
     /// Iterations in a row that departed.
     departing: u32,
     /// Whether the step that ends the first iteration served from the plan is still to come.
-    pub(crate) first_iteration: bool,
+    first_iteration: bool,
+    /// Whether blocks may have been left wholly free since the pool last gave them back: after
+    /// the first iteration, and after any that departed.
+    tidy: bool,
 }
 
 impl Plan {
@@ -68,6 +71,7 @@ impl Plan {
             departed: false,
             departing: 0,
             first_iteration: true,
+            tidy: false,
         })
     }
 
@@ -103,6 +107,22 @@ impl Plan {
         self.departed = false;
         self.departing >= REPLAN_AFTER
     }
+
+    /// After [`Plan::end_iteration`] kept the plan: whether the pool gives back the whole free
+    /// blocks outside the plan now. It does at the end of the first iteration served from the
+    /// plan (the recorded iterations' blocks), and at the end of the first iteration with no
+    /// departure after the first or after one that departed: a chunk that outlived the first
+    /// iteration (a tensor of the recorded ones freed late) or a departure's chunk may have left
+    /// its block free, and an iteration that needed none of the pool's memory shows it is not
+    /// needed. A loop that departs every iteration keeps its blocks, so nothing is given back and
+    /// asked for again each time.
+    pub(crate) fn gives_back(&mut self) -> bool {
+        let first = std::mem::replace(&mut self.first_iteration, false);
+        let quiet = self.departing == 0;
+        let now = first || (quiet && self.tidy);
+        self.tidy = first || !quiet;
+        now
+    }
 }
 
 #[cfg(test)]
@@ -113,6 +133,25 @@ mod tests {
 
     fn planned(size: usize, from: u32, to: u32) -> Planned {
         Planned { size, key: K, live: Some([(from, to), (0, 0)]) }
+    }
+
+    #[test]
+    fn blocks_are_given_back_after_the_first_iteration_and_after_departures_end() {
+        let mut plan = Plan::new(&[planned(1024, 0, 1)]).unwrap();
+        let mut iteration = |departs: bool| {
+            assert_eq!(plan.on_malloc(1024, K), Some(0));
+            if departs {
+                assert_eq!(plan.on_malloc(4096, K), None);
+            }
+            assert!(!plan.end_iteration());
+            plan.gives_back()
+        };
+        assert!(iteration(true), "the first iteration's end, departures or not");
+        assert!(iteration(false), "the first quiet one after it");
+        assert!(!iteration(false), "nothing was left since");
+        assert!(!iteration(true), "not while the loop departs: its blocks would come back");
+        assert!(iteration(false), "the first quiet one after a departure");
+        assert!(!iteration(false));
     }
 
     #[test]

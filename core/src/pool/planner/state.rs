@@ -170,11 +170,11 @@ pub(super) enum Action {
         generation: u64,
         blocks: Vec<(ArenaKey, usize)>,
     },
-    /// The plan stays: put back a block `free_all_blocks` released; after the plan's first
-    /// iteration (`settle`), give back the whole free blocks the recorded iterations left.
+    /// The plan stays: put back a block `free_all_blocks` released; when `give_back`, give back
+    /// the whole free blocks outside the plan ([`Plan::gives_back`]).
     Keep {
         blocks: Vec<(ArenaKey, usize)>,
-        settle: bool,
+        give_back: bool,
     },
     /// Make the plan's blocks ordinary blocks of their arenas.
     Unplan(Vec<ArenaKey>),
@@ -340,10 +340,10 @@ impl Planner {
                     if let Some(auto) = st.auto.as_mut() {
                         auto.planned = auto.planned.saturating_add(1);
                     }
-                    let settle = std::mem::replace(&mut plan.first_iteration, false);
+                    let give_back = plan.gives_back();
                     let blocks = plan.blocks.clone();
                     st.mode = Mode::Planned(plan);
-                    Action::Keep { blocks, settle }
+                    Action::Keep { blocks, give_back }
                 }
             }
         };
