@@ -249,6 +249,7 @@ mod tests {
         vec![
             ("GPT-2 training", parse(include_str!("../../core/tests/fixtures/gpt2-training.trace"))),
             ("BERT fine-tuning", parse(include_str!("../../core/tests/fixtures/bert-finetuning.trace"))),
+            ("ViT-B/16 training", parse(include_str!("../../core/tests/fixtures/vit-training.trace"))),
             ("random, 4 streams", convert(pool_trace::standard_random())),
         ]
     }
