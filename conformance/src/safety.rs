@@ -209,9 +209,10 @@ macro_rules! __safety_tests {
                 }
 
                 fn a_planned_pool_keeps_a_graphs_memory_from_its_plan_and_its_pool() {
-                    // An iteration's plan serves fixed places; a capture's memory dropped after
-                    // it, or inside it, must not be served from the plan or the pool while the
-                    // graph lives, and the graph's replays must not reach what is lent instead.
+                    // An iteration's plan serves fixed places; memory a capture was served from the
+                    // plan and dropped after it must not be served again, from the plan or the
+                    // pool, while the graph lives, and the graph's replays must not reach what is
+                    // lent instead.
                     let _serial = $crate::capture_lock();
                     if !supports_capture() {
                         return;
