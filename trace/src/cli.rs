@@ -140,12 +140,13 @@ fn write_plans(out: &mut dyn Write, results: &[replay::ReplayResult], marked: Op
     writeln!(out, "\nplanned from the loop ({how}); once the plan served one iteration:")?;
     writeln!(
         out,
-        "{:<28} {:>16} {:>16} {:>16} {:>8} {:>10} {:>10} {:>10} {:>8}",
+        "{:<28} {:>16} {:>16} {:>16} {:>8} {:>16} {:>10} {:>10} {:>10} {:>8}",
         "policy",
         format!("in force ({at})"),
         "peak held",
         "peak in use",
         "ratio",
+        "held at the end",
         "raw calls",
         "served",
         "departed",
@@ -157,12 +158,13 @@ fn write_plans(out: &mut dyn Write, results: &[replay::ReplayResult], marked: Op
         let period = if marked.is_some() { "-".to_owned() } else { p.period.to_string() };
         writeln!(
             out,
-            "{:<28} {:>16} {:>16} {:>16} {:>8.3} {:>10} {:>10} {:>10} {:>8}",
+            "{:<28} {:>16} {:>16} {:>16} {:>8.3} {:>16} {:>10} {:>10} {:>10} {:>8}",
             r.policy,
             in_force,
             human_bytes(p.peak_held),
             human_bytes(p.peak_in_use),
             p.ratio,
+            human_bytes(p.held_at_end),
             p.raw_calls,
             p.served,
             p.departed,

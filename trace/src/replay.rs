@@ -138,6 +138,11 @@ pub struct PlanResult {
     pub ratio: f64,
     /// Raw allocations and frees once settled.
     pub raw_calls: u64,
+    /// Of them, raw allocations (the others give back blocks the loop no longer used).
+    pub raw_allocs: u64,
+    /// The raw bytes held at the end of the trace, once settled: the steady loop's, after the
+    /// blocks a plan's first iterations still used were given back.
+    pub held_at_end: u64,
     /// Allocations served from the plan over the whole trace.
     pub served: u64,
     /// Allocations that departed from a plan and went to the pool.
@@ -244,6 +249,8 @@ fn replay_counted(
         peak_in_use: p.peak_in_use as u64,
         ratio: p.ratio(),
         raw_calls: p.raw_calls as u64,
+        raw_allocs: p.raw_allocs as u64,
+        held_at_end: p.held_at_end as u64,
         served: p.stats.served,
         departed: p.stats.departed,
         plans: p.stats.plans,

@@ -44,6 +44,7 @@ fn a_recorded_loop_replays_with_the_plan_the_pool_made() {
     // Held once settled: the plan's block, as large as the peak in use (6 MiB and the gradient of
     // the iteration before, freed at the start of the next).
     assert_eq!(plan.peak_held, plan.peak_in_use, "{plan:?}");
+    assert_eq!((plan.held_at_end, plan.raw_allocs), (plan.peak_held, 0), "the steady loop holds the plan");
 
     // With no marks: the pool finds the loop's four allocations itself.
     let options = ReplayOptions { plan_automatically: true, ..ReplayOptions::default() };
