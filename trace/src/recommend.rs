@@ -11,7 +11,11 @@
 //!
 //! A trace whose program marked its iterations (`step` lines: `gpumem_step`) is replayed once
 //! more per set-up with the plan learned from the loop (`Pool::step` at each mark), as a
-//! `+ planned` row: its figures are the whole trace's, the recorded iterations included.
+//! `+ planned` row; a trace with no marks, with the loop's iterations found from the allocations
+//! (`Pool::plan_automatically`), as a `+ planned automatically` row. Their figures are the whole
+//! trace's, the watched and recorded iterations included: what planning costs on the way is part
+//! of what it holds. `gpumem-trace replay --plan` (marked) or `--plan-automatically` gives the
+//! figures once the plan is in force.
 //!
 //! The recommendation is the set-up that holds the least among those whose raw calls stay within
 //! twice the fewest any set-up made (plus 16, so that a trace of a few calls does not rule out
@@ -37,6 +41,9 @@ pub struct Candidate {
     pub share_across_streams: bool,
     /// The pool planned from the loop (`Pool::step` at the trace's `step` lines).
     pub planned: bool,
+    /// The pool planned from the loop with the iterations found from the allocations
+    /// (`Pool::plan_automatically`; a trace with no `step` lines).
+    pub planned_automatically: bool,
     /// What the replay measured.
     pub result: ReplayResult,
     /// Raw allocations and frees together.
@@ -65,6 +72,9 @@ impl Candidate {
         if self.planned {
             s.push_str(" + planned");
         }
+        if self.planned_automatically {
+            s.push_str(" + planned automatically");
+        }
         s
     }
 }
@@ -88,7 +98,8 @@ pub fn recommend(steps: &[Step]) -> Result<Recommendation> {
 }
 
 /// As [`recommend`], for a trace whose program's iterations begin at steps `marks`
-/// ([`replay::marks`]): with two marks or more, each set-up is also replayed with the plan.
+/// ([`replay::marks`]): with two marks or more, each set-up is also replayed with the plan;
+/// with fewer, with the plan and the iterations found from the allocations.
 ///
 /// # Errors
 ///
@@ -99,21 +110,24 @@ pub fn recommend_marked(steps: &[Step], marks: &[usize]) -> Result<Recommendatio
         .filter_map(|s| if let Step::Alloc { stream, .. } = s { Some(*stream) } else { None })
         .collect();
     let sharing: &[bool] = if streams.len() > 1 { &[false, true] } else { &[false] };
-    let planning: &[bool] = if marks.len() > 1 { &[false, true] } else { &[false] };
+    // (planned at the marks, planned automatically)
+    let planning: &[(bool, bool)] =
+        if marks.len() > 1 { &[(false, false), (true, false)] } else { &[(false, false), (false, true)] };
     let mut candidates = Vec::new();
-    for &plan in planning {
+    for &(plan, plan_automatically) in planning {
         for policy in gpumem::GrowthPolicy::ALL {
             for expandable in [false, true] {
                 for &share_across_streams in sharing {
                     let start = Instant::now();
                     let options =
-                        ReplayOptions { expandable, share_across_streams, plan, ..ReplayOptions::default() };
+                        ReplayOptions { expandable, share_across_streams, plan, plan_automatically };
                     let result = replay::replay_marked(steps, marks, policy, options)?;
                     candidates.push(Candidate {
                         policy: policy.name(),
                         expandable,
                         share_across_streams,
                         planned: plan,
+                        planned_automatically: plan_automatically,
                         raw_calls: result.raw_allocs.saturating_add(result.raw_frees),
                         replay_time: start.elapsed(),
                         result,
@@ -147,14 +161,14 @@ impl Recommendation {
         let mut s = String::new();
         let _ = writeln!(
             s,
-            "{:<2}{:<48} {:>16} {:>8} {:>10} {:>12}",
+            "{:<2}{:<64} {:>16} {:>8} {:>10} {:>12}",
             "", "set-up", "peak held", "ratio", "raw calls", "replay time"
         );
         for (i, c) in self.candidates.iter().enumerate() {
             let mark = if Some(i) == self.best { "*" } else { "" };
             let _ = writeln!(
                 s,
-                "{:<2}{:<48} {:>16} {:>8.3} {:>10} {:>10.3} s",
+                "{:<2}{:<64} {:>16} {:>8.3} {:>10} {:>10.3} s",
                 mark,
                 c.setup(),
                 c.result.peak_held,
@@ -196,6 +210,9 @@ fn how_to_set(c: &Candidate) -> String {
     if c.planned {
         s.push_str(", gpumem_step(device) after each iteration (Python: gpumem_runtime.step())");
     }
+    if c.planned_automatically {
+        s.push_str(", GPUMEM_PLAN_AUTOMATICALLY=1 (or gpumem_plan_automatically(device); Python: gpumem_runtime.plan_automatically())");
+    }
     s
 }
 
@@ -217,7 +234,12 @@ mod tests {
             steps.extend(ids.map(|id| Step::Free { id }));
         }
         let r = recommend(&steps).unwrap();
-        assert_eq!(r.candidates.len(), 8, "4 policies, fixed and expandable, one stream");
+        assert_eq!(
+            r.candidates.len(),
+            16,
+            "4 policies, fixed and expandable, one stream, planned automatically or not"
+        );
+        assert_eq!(r.candidates.iter().filter(|c| c.planned_automatically).count(), 8);
         let best = &r.candidates[r.best.unwrap()];
         let fewest = r.candidates.iter().map(|c| c.raw_calls).min().unwrap();
         for c in &r.candidates {
@@ -301,7 +323,7 @@ mod tests {
             Step::Free { id: 0 },
             Step::Free { id: 1 },
         ];
-        assert_eq!(recommend(&steps).unwrap().candidates.len(), 16);
+        assert_eq!(recommend(&steps).unwrap().candidates.len(), 32);
         let empty = recommend(&[]).unwrap();
         assert_eq!(empty.best, None);
         assert!(empty.render().contains("nothing to recommend"));
