@@ -35,9 +35,8 @@ pub(crate) struct Plan {
     departing: u32,
     /// Whether the step that ends the first iteration served from the plan is still to come.
     first_iteration: bool,
-    /// Whether blocks may have been left wholly free since the pool last gave them back: after
-    /// the first iteration, and after any that departed.
-    tidy: bool,
+    /// Iterations in a row that departed from nothing.
+    quiet: u32,
 }
 
 impl Plan {
@@ -71,7 +70,7 @@ impl Plan {
             departed: false,
             departing: 0,
             first_iteration: true,
-            tidy: false,
+            quiet: 0,
         })
     }
 
@@ -110,20 +109,22 @@ impl Plan {
 
     /// After [`Plan::end_iteration`] kept the plan: whether the pool gives back the whole free
     /// blocks outside the plan now. It does at the end of the first iteration served from the
-    /// plan (the recorded iterations' blocks), and at the end of the first iteration with no
-    /// departure after the first or after one that departed: a chunk that outlived the first
-    /// iteration (a tensor of the recorded ones freed late) or a departure's chunk may have left
-    /// its block free, and an iteration that needed none of the pool's memory shows it is not
-    /// needed. A loop that departs every iteration keeps its blocks, so nothing is given back and
-    /// asked for again each time.
+    /// plan (the recorded iterations' blocks), and at the end of every iteration that completes
+    /// a run of at least [`GIVE_BACK_AFTER`] iterations in a row with no departure: such a loop
+    /// needs none of the pool's own memory, so a block that the program's own long-lived tensors
+    /// or an earlier departure left free is not needed. A loop that departs now and then keeps
+    /// its blocks while it does, so they are not given back and asked for again every iteration;
+    /// looking costs a pass over the plan's arenas' chunks once an iteration.
     pub(crate) fn gives_back(&mut self) -> bool {
         let first = std::mem::replace(&mut self.first_iteration, false);
-        let quiet = self.departing == 0;
-        let now = first || (quiet && self.tidy);
-        self.tidy = first || !quiet;
-        now
+        self.quiet = if self.departing == 0 { self.quiet.saturating_add(1) } else { 0 };
+        first || self.quiet >= GIVE_BACK_AFTER
     }
 }
+
+/// Iterations in a row with no departure after which a planned pool gives back the whole free
+/// blocks outside its plan ([`Plan::gives_back`]).
+pub(crate) const GIVE_BACK_AFTER: u32 = 2;
 
 #[cfg(test)]
 mod tests {
@@ -136,7 +137,7 @@ mod tests {
     }
 
     #[test]
-    fn blocks_are_given_back_after_the_first_iteration_and_after_departures_end() {
+    fn blocks_are_given_back_after_the_first_iteration_and_once_the_loop_stops_departing() {
         let mut plan = Plan::new(&[planned(1024, 0, 1)]).unwrap();
         let mut iteration = |departs: bool| {
             assert_eq!(plan.on_malloc(1024, K), Some(0));
@@ -147,11 +148,12 @@ mod tests {
             plan.gives_back()
         };
         assert!(iteration(true), "the first iteration's end, departures or not");
-        assert!(iteration(false), "the first quiet one after it");
-        assert!(!iteration(false), "nothing was left since");
+        assert!(!iteration(false), "one quiet iteration");
+        assert!(iteration(false), "two in a row");
+        assert!(iteration(false), "and every one after");
         assert!(!iteration(true), "not while the loop departs: its blocks would come back");
-        assert!(iteration(false), "the first quiet one after a departure");
         assert!(!iteration(false));
+        assert!(iteration(false), "two quiet ones in a row again");
     }
 
     #[test]

@@ -151,6 +151,32 @@ fn a_planned_loop_makes_no_raw_call_over_ten_iterations() {
 }
 
 #[test]
+fn a_block_the_program_leaves_free_while_the_loop_follows_its_plan_is_given_back() {
+    let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
+    let mut live = HashMap::new();
+    // A tensor made before the loop, in an ordinary block of its own, freed once the plan has
+    // served iterations with no departure.
+    run(&pool, &cache, &[alloc(100, 1 << 20)], &mut live);
+    pool.step().unwrap();
+    run(&pool, &cache, &first_of_small_loop(), &mut live);
+    pool.step().unwrap();
+    plan(&pool, &cache, &small_loop(), &mut live);
+    let held = pool.total_bytes();
+    drop(live.remove(&100));
+    let calls = raw_calls(&allocator);
+    run(&pool, &cache, &small_loop(), &mut live);
+    pool.step().unwrap();
+    assert_eq!(pool.total_bytes(), held - (1 << 20), "its block is given back");
+    assert_eq!(raw_calls(&allocator), calls + 1, "with one raw free");
+    for _ in 0..5 {
+        run(&pool, &cache, &small_loop(), &mut live);
+        pool.step().unwrap();
+    }
+    assert_eq!(raw_calls(&allocator), calls + 1, "and no raw call after it");
+    assert_eq!(pool.plan_stats().departed, 0);
+}
+
+#[test]
 fn statistics_count_planned_chunks_as_any_chunk() {
     let (pool, allocator, cache) = counted(GrowthPolicy::CacheUntilOutOfMemory);
     let mut live = HashMap::new();
