@@ -61,12 +61,12 @@ pub(crate) fn block_size(size: usize, fused: usize) -> Option<usize> {
 /// With expandable segments, how far a miss of `size` bytes grows its block, when its free tail
 /// lacks `lacking` bytes (whole granules) and the block maps `mapped` bytes: a large request's
 /// block grows by at least [`MID_BLOCK`] bytes (PyTorch's expandable segments map large memory in
-/// pieces of that size) and by at least [`GROWTH_FRACTION`] of what it maps, so that a loop's
-/// first step, whose every new tensor misses, grows it a few times rather than once per tensor,
-/// and a block of gigabytes grows in steps that keep pace with it; a small request's by what it
+/// pieces of that size) and by at least 1/[`GROWTH_FRACTION`] of what it maps, so that a block
+/// of tens of gigabytes grows in steps that keep pace with it; a small request's by what it
 /// lacks. Each growth is three driver calls; what a step grows beyond its need is at most one
 /// such step per arena (1/256 of what it maps, or 20 MiB), and that excess is held at the peak:
-/// the growth that meets the peak is the last one.
+/// the growth that meets the peak is the last one. So the fraction trades memory held for
+/// growths, and the growths of a loop's first steps are few enough that memory wins.
 ///
 /// Replayed (the host replay of the recorded traces, Segments with expandable segments, held over
 /// in use and raw calls):
@@ -80,9 +80,9 @@ pub(crate) fn block_size(size: usize, fused: usize) -> Option<usize> {
 /// | 1/32 | 1.0028, 91 | 1.0167, 81 | 1.0549, 86 |
 ///
 /// The random trace holds the same under 1/64 and 1/256 (1.660 on four streams, 1.055 shared
-/// across them). On blocks of a few gigabytes 1/256 costs what 20 MiB
-/// steps cost; on a block that grows to tens of gigabytes without freeing (2,000 tensors of 30
-/// MiB) it grows 776 times where 20 MiB steps would grow 2,000 times.
+/// across them). Below 5 GiB, 1/256 grows as 20 MiB steps do; a block that grows without freeing
+/// grows 368 times for 400 tensors of 30 MiB (12 GiB; 1/64: under 200) and 776 times for 2,000
+/// (59 GiB), where 20 MiB steps would grow once per tensor.
 pub(crate) fn growth(size: usize, lacking: usize, granule: usize, mapped: usize) -> usize {
     if size <= SMALL_REQUEST {
         return lacking;
