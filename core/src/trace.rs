@@ -907,18 +907,3 @@ a 2 3145728 0
         assert!(none.raw_calls_in_steps.is_empty());
     }
 }
-#[cfg(test)]
-mod scratch {
-    #[test]
-    fn scratch_write() {
-        for seed in 1..=10u64 {
-            let s = super::on_one_stream(&super::random_seeded(seed));
-            std::fs::write(format!("/tmp/seeds/{seed}.trace"), super::render(&s)).unwrap();
-        }
-        std::fs::write(
-            "/tmp/seeds/standard.trace",
-            super::render(&super::on_one_stream(&super::standard_random())),
-        )
-        .unwrap();
-    }
-}
