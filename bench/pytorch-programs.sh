@@ -19,6 +19,10 @@ mkdir -p "$OUT"
 LIB=$(realpath "${GPUMEM_CAPI_LIB:-target/release/libgpumem_capi.so}") || exit 1
 P=bench/pytorch_programs.py
 export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
+# One run of $program in its own process, under PyTorch's allocator or gpumem's; the arguments
+# add the label and the program's flags, and variables set before the call reach the process.
+torch_run() { timeout 150 python3 $P "$program" --allocator torch --out "$OUT/results.jsonl" "$@"; }
+gpumem_run() { timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --out "$OUT/results.jsonl" "$@"; }
 {
     date -u
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
@@ -26,19 +30,14 @@ export PYTHONUNBUFFERED=1 TOKENIZERS_PARALLELISM=false
     for program in ${PROGRAMS:-gen cnn vit bert}; do
         for run in ${RUNS:-torch torch-expandable default step step-fixed auto auto-fixed}; do
             case $run in
-            torch) timeout 150 python3 $P "$program" --allocator torch --label "PyTorch default" --out "$OUT/results.jsonl" ;;
-            torch-expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True \
-                timeout 150 python3 $P "$program" --allocator torch --label "PyTorch expandable" --out "$OUT/results.jsonl" ;;
-            default) timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
-                --label "gpumem C ABI default" --out "$OUT/results.jsonl" ;;
-            step) timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --step \
-                --label "gpumem default, planned (gpumem_step)" --out "$OUT/results.jsonl" ;;
-            step-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
-                --step --label "gpumem fixed blocks, planned" --out "$OUT/results.jsonl" ;;
-            auto) timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" --plan-automatically \
-                --label "gpumem default, planned automatically" --out "$OUT/results.jsonl" ;;
-            auto-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB" \
-                --plan-automatically --label "gpumem fixed blocks, planned automatically" --out "$OUT/results.jsonl" ;;
+            torch) torch_run --label "PyTorch default" ;;
+            torch-expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torch_run --label "PyTorch expandable" ;;
+            default) gpumem_run --label "gpumem C ABI default" ;;
+            step) gpumem_run --step --label "gpumem default, planned (gpumem_step)" ;;
+            step-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 gpumem_run --step --label "gpumem fixed blocks, planned" ;;
+            auto) gpumem_run --plan-automatically --label "gpumem default, planned automatically" ;;
+            auto-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 gpumem_run --plan-automatically \
+                --label "gpumem fixed blocks, planned automatically" ;;
             *) echo "unknown run: $run" ;;
             esac
         done
