@@ -11,7 +11,9 @@
 //! - every device's pool follows `GrowthPolicy::Segments` (`gpumem_set_growth_policy` changes it);
 //! - blocks grow in place (expandable segments) where the backend has virtual memory, unless
 //!   `GPUMEM_EXPANDABLE_SEGMENTS=0` asks for fixed blocks; `GPUMEM_EXPANDABLE_SEGMENTS=1` on a
-//!   backend without virtual memory is an error, as for the Rust pools.
+//!   backend without virtual memory is an error, as for the Rust pools;
+//! - `GPUMEM_STITCH=1` adds stitching: a growth first takes the pages under free chunks (each
+//!   lift waits for the device to be idle, as a shrink does here).
 //!
 //! The Rust `MemoryPool::new()` keeps CuPy's rule, for parity with CuPy.
 //!
@@ -30,7 +32,7 @@
 use std::mem::ManuallyDrop;
 
 use gpumem::core::hal::DeviceOps;
-use gpumem::core::pool::{expandable_segments_from_env, RawAllocator, RawBlock};
+use gpumem::core::pool::{expandable_segments_from_env, stitch_from_env, RawAllocator, RawBlock};
 use gpumem::{BaseMemory, DefaultBackend, DeviceAllocator, DeviceId, DevicePtr, GrowthPolicy, Result};
 
 use crate::registry::FAILED;
@@ -60,6 +62,9 @@ impl RawBlock for AbiBlock {
     }
     fn device(&self) -> DeviceId {
         RawBlock::device(&*self.0)
+    }
+    fn held(&self) -> usize {
+        RawBlock::held(&*self.0)
     }
 }
 
@@ -113,13 +118,36 @@ impl RawAllocator for AbiAllocator {
         DefaultBackend::device_synchronize(RawBlock::device(&*block.0))?;
         self.0.shrink(&mut block.0, bytes)
     }
+    fn stitches(&self) -> bool {
+        self.0.stitches()
+    }
+    #[allow(unsafe_code)] // forwards the caller's promise, after the synchronisation a lift needs
+    unsafe fn lift_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        // As for a shrink: pages under work still queued are not unmapped; a failed
+        // synchronisation refuses the lift, and the pages stay mapped and cached.
+        DefaultBackend::device_synchronize(RawBlock::device(&*block.0))?;
+        // SAFETY: the caller's promise; the device is idle.
+        unsafe { self.0.lift_pages(&mut block.0, offset, len) }
+    }
+    fn map_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        self.0.map_pages(&mut block.0, offset, len)
+    }
+    fn drop_lifted_pages(&self) {
+        self.0.drop_lifted_pages();
+    }
 
     fn for_device(&self, device: DeviceId) -> Result<Self> {
         let growing = match expandable_segments_from_env()? {
             Some(asked) => asked,
             None => <DefaultBackend as gpumem::core::hal::Api>::CAPS.virtual_memory,
         };
-        let allocator = if growing { DeviceAllocator::expandable(device)? } else { DeviceAllocator::fixed() };
+        let allocator = if stitch_from_env()? == Some(true) {
+            DeviceAllocator::stitching(device)?
+        } else if growing {
+            DeviceAllocator::expandable(device)?
+        } else {
+            DeviceAllocator::fixed()
+        };
         Ok(AbiAllocator(allocator))
     }
 }

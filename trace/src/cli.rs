@@ -58,6 +58,11 @@ enum Command {
         /// Grow blocks in place, as expandable segments do (each growth a raw allocation).
         #[arg(long)]
         expandable: bool,
+        /// Expandable segments with stitching, as GPUMEM_STITCH=1 does: a growth first takes the
+        /// pages under free chunks (each lift a raw free, each mapping of lifted pages again a
+        /// raw allocation).
+        #[arg(long)]
+        stitch: bool,
         /// Lend free memory across the trace's streams, as GPUMEM_SHARE_ACROSS_STREAMS=1 does.
         #[arg(long)]
         share_across_streams: bool,
@@ -282,6 +287,7 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             file,
             policy,
             expandable,
+            stitch,
             share_across_streams,
             plan,
             plan_automatically,
@@ -305,13 +311,13 @@ fn run_cli(cli: Cli, out: &mut dyn Write) -> Result<()> {
             }
             let mut results = Vec::new();
             for p in policies {
-                if expandable || share_across_streams || plan || plan_automatically {
+                if expandable || stitch || share_across_streams || plan || plan_automatically {
                     // The pool's own rules on a counting allocator: fast, no progress to show.
                     results.push(replay::replay_marked(
                         &steps,
                         &marks,
                         p,
-                        ReplayOptions { expandable, share_across_streams, plan, plan_automatically },
+                        ReplayOptions { expandable, stitch, share_across_streams, plan, plan_automatically },
                     )?);
                     continue;
                 }

@@ -119,8 +119,13 @@ pub fn recommend_marked(steps: &[Step], marks: &[usize]) -> Result<Recommendatio
             for expandable in [false, true] {
                 for &share_across_streams in sharing {
                     let start = Instant::now();
-                    let options =
-                        ReplayOptions { expandable, share_across_streams, plan, plan_automatically };
+                    let options = ReplayOptions {
+                        expandable,
+                        share_across_streams,
+                        plan,
+                        plan_automatically,
+                        stitch: false,
+                    };
                     let result = replay::replay_marked(steps, marks, policy, options)?;
                     candidates.push(Candidate {
                         policy: policy.name(),

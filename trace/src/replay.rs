@@ -170,6 +170,10 @@ pub struct ReplayOptions {
     /// Plan with no marks: the pool finds the loop's iterations from the allocations
     /// (`Pool::plan_automatically`).
     pub plan_automatically: bool,
+    /// Stitching, as `GPUMEM_STITCH=1` does: expandable segments whose growths first take the
+    /// pages under free chunks (each page lifted counts in a raw free, each mapping of lifted
+    /// pages again as a raw allocation).
+    pub stitch: bool,
 }
 
 /// Replays `steps` through a host-backend pool with `policy`, on [`UntouchedHostMemory`] (so
@@ -198,7 +202,12 @@ pub fn replay_marked(
     policy: GrowthPolicy,
     options: ReplayOptions,
 ) -> Result<ReplayResult> {
-    if options.expandable || options.share_across_streams || options.plan || options.plan_automatically {
+    if options.expandable
+        || options.stitch
+        || options.share_across_streams
+        || options.plan
+        || options.plan_automatically
+    {
         return replay_counted(steps, marks, policy, options);
     }
     replay_on::<Host, _>(steps, policy, 0, UntouchedHostMemory, &mut |_| {})
@@ -241,6 +250,7 @@ fn replay_counted(
             marks: if options.plan { marks.to_vec() } else { Vec::new() },
             plan: options.plan,
             plan_automatically: options.plan_automatically,
+            stitch: options.stitch,
         },
     )?;
     let plan = r.plan.as_ref().map(|p| PlanResult {
@@ -454,6 +464,25 @@ mod tests {
         )
         .unwrap();
         assert_eq!((r.peak_held, r.peak_in_use, r.ratio, r.raw_allocs), (0, 0, 0.0, 0));
+    }
+
+    #[test]
+    #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
+    fn stitching_holds_less_than_expandable_segments_on_the_random_trace_for_more_raw_calls() {
+        use gpumem::core::pool::trace as pool_trace;
+        let steps: Vec<Step> = pool_trace::on_one_stream(&pool_trace::random_seeded(1))
+            .into_iter()
+            .map(|s| match s {
+                pool_trace::Step::Alloc { id, size, stream } => Step::Alloc { id: id as usize, size, stream },
+                pool_trace::Step::Free { id } => Step::Free { id: id as usize },
+            })
+            .collect();
+        let run = |options| replay(&steps, GrowthPolicy::Segments, options).unwrap();
+        let expandable = run(ReplayOptions { expandable: true, ..ReplayOptions::default() });
+        let stitched = run(ReplayOptions { stitch: true, ..ReplayOptions::default() });
+        assert_eq!(stitched.peak_in_use, expandable.peak_in_use);
+        assert!(stitched.ratio < expandable.ratio - 0.1, "{} against {}", stitched.ratio, expandable.ratio);
+        assert!(stitched.raw_allocs + stitched.raw_frees > expandable.raw_allocs + expandable.raw_frees);
     }
 
     /// The pool's memory on `UntouchedHostMemory` reads back as zeros through a safe copy (Miri

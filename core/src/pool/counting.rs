@@ -3,7 +3,8 @@
 //! benchmark's device replays and the C ABI's driver-call statistics all count through it.
 //!
 //! With an expandable inner allocator, a growth counts as a raw allocation and a shrink that gave
-//! bytes back as a raw free, as PyTorch counts its expandable segments' maps and unmaps. The time
+//! bytes back as a raw free, as PyTorch counts its expandable segments' maps and unmaps; with
+//! stitching, lifting the pages under a free chunk counts as a raw free too. The time
 //! spent in the inner allocator's calls (the driver's, on a device) is summed too. Raw calls are
 //! the pool's cold path, so the shared atomics and the clock reads cost nothing that matters.
 
@@ -26,6 +27,8 @@ pub struct Counts {
     pub allocs: AtomicUsize,
     /// Raw frees (and shrinks that gave bytes back) so far.
     pub frees: AtomicUsize,
+    /// Bytes of pages lifted out of blocks so far ([`RawAllocator::lift_pages`]).
+    pub lifted: AtomicUsize,
     /// Nanoseconds spent in the inner allocator's calls so far (allocations, growths, shrinks and
     /// frees, failed ones included): on a device, the time in the driver.
     pub driver_ns: AtomicU64,
@@ -128,13 +131,16 @@ impl<K: RawBlock> RawBlock for Counted<K> {
     fn device(&self) -> DeviceId {
         self.block().device()
     }
+    fn held(&self) -> usize {
+        self.block().held()
+    }
 }
 
 impl<K: RawBlock> Drop for Counted<K> {
     fn drop(&mut self) {
-        // The block's size now: growths and shrinks were counted as they happened.
+        // What the block holds now: growths, shrinks and lifts were counted as they happened.
         let block = self.block.take();
-        self.counts.freed(block.as_ref().map_or(0, RawBlock::size));
+        self.counts.freed(block.as_ref().map_or(0, RawBlock::held));
         self.counts.timed(|| drop(block));
     }
 }
@@ -171,6 +177,34 @@ impl<A: RawAllocator + Clone> RawAllocator for Counting<A> {
             self.counts.freed(cut);
         }
         Ok(cut)
+    }
+
+    fn stitches(&self) -> bool {
+        self.inner.stitches()
+    }
+
+    #[allow(unsafe_code)] // forwards the caller's promise
+    unsafe fn lift_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        // SAFETY: the caller's promise, passed on: the counted block is the inner one.
+        let lifted =
+            self.counts.timed(|| unsafe { self.inner.lift_pages(block.block_mut(), offset, len) })?;
+        if lifted > 0 {
+            self.counts.freed(lifted);
+            self.counts.lifted.fetch_add(lifted, Ordering::Relaxed);
+        }
+        Ok(lifted)
+    }
+
+    fn map_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        let mapped = self.counts.timed(|| self.inner.map_pages(block.block_mut(), offset, len))?;
+        if mapped > 0 {
+            self.counts.allocated(mapped);
+        }
+        Ok(mapped)
+    }
+
+    fn drop_lifted_pages(&self) {
+        self.counts.timed(|| self.inner.drop_lifted_pages());
     }
 
     fn for_device(&self, device: DeviceId) -> Result<Self> {

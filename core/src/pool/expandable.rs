@@ -12,12 +12,18 @@
 //! in it, newest first; one allocation per granule would give back any number of granules, at two
 //! calls per granule on every growth (a 786 MiB growth: 786 calls, against 3).
 //!
+//! [`ExpandableAllocator::stitching`] pays that price for what it buys: with one allocation per
+//! granule, the pages under any free chunk can be lifted out of a block (unmapped, kept) and
+//! mapped again at a growing block's end (the pool's `stitch` module), so a request that fits no
+//! hole takes memory the pool already holds. Peak memory then follows what is in use, not how
+//! it is laid out (GMLake's stitching, done by moving pages rather than mapping them twice).
+//!
 //! Peer access does not reach memory mapped this way: each mapping names the devices that may
 //! access it. [`grant_peer_access`] (which the runtime calls when it enables peer access) adds a
 //! device to every allocator of the owner's memory, for its mappings made before and after.
 
 use std::any::TypeId;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
@@ -39,6 +45,11 @@ pub struct ExpandableAllocator<B: VirtualMemoryOps> {
     granule: usize,
     reserve: usize,
     access: Arc<Mutex<Access>>,
+    /// Stitching: each growth maps one physical allocation per granule, and pages lifted out of
+    /// free chunks ([`RawAllocator::lift_pages`]) wait in `lifted` to be mapped again.
+    stitch: bool,
+    /// Physical allocations of one granule each, unmapped by a lift, not yet mapped again.
+    lifted: Mutex<Vec<PhysicalHandle>>,
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
@@ -51,7 +62,7 @@ struct Access {
     owner: DeviceId,
     /// The devices besides the owner with access to every mapping.
     peers: Vec<DeviceId>,
-    /// Each live segment's base address and the bytes mapped at its start.
+    /// Every mapping of the allocator's live segments: its address and length.
     mapped: HashMap<DevicePtr, usize>,
 }
 
@@ -134,12 +145,10 @@ pub fn grant_peer_access<B: VirtualMemoryOps + 'static>(owner: DeviceId, peer: D
         }
         a.peers.push(peer);
         let devices = a.devices();
-        for (&base, &len) in &a.mapped {
-            if len > 0 {
-                // SAFETY: `mapped` holds what is mapped at each live segment's start, and the
-                // lock held here keeps it so (segments map and unmap under it).
-                unsafe { set(owner, base, len, &devices) }?;
-            }
+        for (&at, &len) in &a.mapped {
+            // SAFETY: `mapped` holds every live mapping, whole, and the lock held here keeps it
+            // so (segments map and unmap under it).
+            unsafe { set(owner, at, len, &devices) }?;
         }
     }
     Ok(())
@@ -167,100 +176,231 @@ impl<B: VirtualMemoryOps + 'static> ExpandableAllocator<B> {
             granule,
             reserve: reserve.max(granule).next_multiple_of(granule),
             access,
+            stitch: false,
+            lifted: Mutex::new(Vec::new()),
             _backend: std::marker::PhantomData,
         })
+    }
+
+    /// As [`ExpandableAllocator::new`], with stitching: each granule is its own physical
+    /// allocation, so the pool can lift the pages under free chunks and map them where a growth
+    /// needs them (see the pool's `stitch` module). A growth of `n` granules costs up to
+    /// `2n + 1` driver calls (create and map each, one access for all) in place of 3, and each
+    /// page lifted one more (its unmap); pages lifted are mapped again with no create.
+    ///
+    /// # Errors
+    ///
+    /// As [`ExpandableAllocator::new`].
+    pub fn stitching(device: DeviceId, reserve: usize) -> Result<Self> {
+        let mut allocator = Self::new(device, reserve)?;
+        allocator.stitch = true;
+        Ok(allocator)
+    }
+}
+
+impl<B: VirtualMemoryOps> Drop for ExpandableAllocator<B> {
+    fn drop(&mut self) {
+        let device = self.access.lock().owner;
+        for handle in self.lifted.get_mut().drain(..) {
+            // SAFETY: a lifted handle is unmapped and owned by this list alone; released once.
+            // A failure loses the memory to this process, and drop cannot return it.
+            let _ = unsafe { B::vm_release(device, handle) };
+        }
     }
 }
 
 impl<B: VirtualMemoryOps> ExpandableAllocator<B> {
-    /// Maps `bytes` (whole granules) at `block`'s end as one physical allocation, and makes them
-    /// accessible: three driver calls (create, map, set access) whatever the size, where one
-    /// allocation per granule would cost two calls per granule. Undoes what it did on an error.
+    /// Maps `bytes` (whole granules) at `block`'s end, and makes them accessible. Without
+    /// stitching, as one physical allocation: three driver calls (create, map, set access)
+    /// whatever the size. With it, one allocation per granule, lifted pages first (no create for
+    /// those), and one call giving access to all. Undoes what it did on an error.
     fn map_more(&self, block: &mut Segment<B>, bytes: usize) -> Result<()> {
+        let at = block.extent;
+        self.map_at(block, at, bytes)?;
+        block.extent += bytes;
+        Ok(())
+    }
+
+    /// Maps `bytes` (whole granules) at `offset` of `block`, where nothing is mapped and which
+    /// lies in its reserved range, as [`ExpandableAllocator::map_more`] says.
+    fn map_at(&self, block: &mut Segment<B>, offset: usize, bytes: usize) -> Result<()> {
         let mut access = self.access.lock();
-        let start = block.base + block.mapped;
-        let handle = B::vm_create(block.device, bytes)?;
-        // SAFETY: `start..start + bytes` lies in the block's reserved range (the caller checked
-        // `mapped + bytes <= reserved`), past everything mapped so far; `handle` was just made
-        // with exactly `bytes` bytes and is mapped nowhere.
-        if let Err(e) = unsafe { B::vm_map(block.device, start, bytes, handle) } {
-            // SAFETY: the handle was just made and is not mapped; released once, here.
-            let _ = unsafe { B::vm_release(block.device, handle) };
-            return Err(e);
+        let start = block.base + offset;
+        let piece = if self.stitch { self.granule } else { bytes };
+        let mut done = 0;
+        let mut failed = None;
+        while done < bytes {
+            let lifted = if self.stitch { self.lifted.lock().pop() } else { None };
+            let handle = match lifted.map_or_else(|| B::vm_create(block.device, piece), Ok) {
+                Ok(handle) => handle,
+                Err(e) => {
+                    failed = Some(e);
+                    break;
+                }
+            };
+            // SAFETY: `start + done..+piece` lies in the block's reserved range, where nothing
+            // is mapped (the callers' checks); `handle` has exactly `piece` bytes (one granule
+            // when lifted) and is mapped nowhere.
+            if let Err(e) = unsafe { B::vm_map(block.device, start + done, piece, handle) } {
+                self.keep_or_release(block.device, handle);
+                failed = Some(e);
+                break;
+            }
+            block.maps.insert(offset + done, (piece, handle));
+            done += piece;
         }
         let devices = access.devices();
-        // SAFETY: `start..start + bytes` is the one mapping made just above.
-        if let Err(e) = unsafe { B::vm_set_access(block.device, start, bytes, &devices) } {
-            // SAFETY: mapped above at `start`, never handed out; released once, here.
-            unsafe {
-                let _ = B::vm_unmap(block.device, start, bytes);
-                let _ = B::vm_release(block.device, handle);
+        if failed.is_none() {
+            // SAFETY: `start..start + bytes` is the mappings made just above, whole.
+            if let Err(e) = unsafe { B::vm_set_access(block.device, start, bytes, &devices) } {
+                failed = Some(e);
+            }
+        }
+        let made: Vec<usize> = block.maps.range(offset..offset + done).map(|(&o, _)| o).collect();
+        if let Some(e) = failed {
+            // Undo: the mappings made above, never handed out, go back.
+            for o in made {
+                let Some((len, handle)) = block.maps.remove(&o) else { continue };
+                // SAFETY: mapped above at `base + o`, whole, never handed out. One that stays
+                // mapped is lost with the range (the block keeps no record of it).
+                if unsafe { B::vm_unmap(block.device, block.base + o, len) }.is_ok() {
+                    self.keep_or_release(block.device, handle);
+                }
             }
             return Err(e);
         }
-        block.maps.push((bytes, handle));
-        block.mapped += bytes;
-        access.mapped.insert(block.base, block.mapped);
+        for o in made {
+            access.mapped.insert(block.base + o, block.maps[&o].0);
+        }
+        block.held += bytes;
         Ok(())
+    }
+
+    /// Whether nothing is mapped in `offset..offset + len` of `block`, which lies before its
+    /// end.
+    fn unmapped(block: &Segment<B>, offset: usize, len: usize) -> bool {
+        let Some(end) = offset.checked_add(len).filter(|&end| end <= block.extent) else { return false };
+        let before_ends = block.maps.range(..offset).next_back().is_none_or(|(&o, &(l, _))| o + l <= offset);
+        before_ends && block.maps.range(offset..end).next().is_none()
+    }
+
+    /// A physical allocation that is mapped nowhere: kept for the next growth when it is one
+    /// granule and the allocator stitches, released otherwise.
+    fn keep_or_release(&self, device: DeviceId, handle: PhysicalHandle) {
+        if self.stitch {
+            self.lifted.lock().push(handle);
+        } else {
+            // SAFETY: the handle is mapped nowhere and owned here alone; released once.
+            let _ = unsafe { B::vm_release(device, handle) };
+        }
+    }
+
+    /// Unmaps the pages of `block` at `offset..offset + len` into `lifted`, in address order,
+    /// while each lies whole in the range; returns the bytes unmapped.
+    ///
+    /// # Safety
+    ///
+    /// As [`RawAllocator::lift_pages`]: no work uses the range, and nothing will until it is
+    /// mapped again.
+    unsafe fn lift(&self, block: &mut Segment<B>, offset: usize, len: usize) -> Result<usize> {
+        let mut access = self.access.lock();
+        let end = offset.saturating_add(len).min(block.extent);
+        let mut at = offset;
+        while at < end {
+            let Some(&(piece, handle)) = block.maps.get(&at) else { break };
+            if piece != self.granule || at + piece > end {
+                break;
+            }
+            // SAFETY: one whole mapping, inside the range the caller promised nothing uses.
+            if let Err(e) = unsafe { B::vm_unmap(block.device, block.base + at, piece) } {
+                if at == offset {
+                    return Err(e);
+                }
+                break;
+            }
+            block.maps.remove(&at);
+            access.mapped.remove(&(block.base + at));
+            block.held -= piece;
+            self.lifted.lock().push(handle);
+            at += piece;
+        }
+        Ok(at - offset)
     }
 }
 
-/// A block of an [`ExpandableAllocator`]: a reserved range and the mappings at its start, one per
-/// growth; unmapped, released and freed when dropped.
+/// A block of an [`ExpandableAllocator`]: a reserved range and the mappings in it, one per
+/// growth (or per granule, with stitching, less those lifted); unmapped, released and freed when
+/// dropped.
 #[derive(Debug)]
 pub struct Segment<B: VirtualMemoryOps> {
     device: DeviceId,
     base: DevicePtr,
     reserved: usize,
-    mapped: usize,
-    /// The mappings, in address order: each one physical allocation of that many bytes (whole
-    /// granules), mapped right after the one before.
-    maps: Vec<(usize, PhysicalHandle)>,
+    /// The end of the last mapping: the block's size as the pool sees it.
+    extent: usize,
+    /// The bytes mapped: `extent` less what was lifted.
+    held: usize,
+    /// The mappings by offset: each one physical allocation of that many bytes (whole granules).
+    maps: BTreeMap<usize, (usize, PhysicalHandle)>,
     /// Its allocator's: the devices with access, and where this segment's mappings are.
     access: Arc<Mutex<Access>>,
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
 impl<B: VirtualMemoryOps> Segment<B> {
-    /// Unmaps and releases the last mappings, as many whole ones as fit in `bytes`; returns the
-    /// bytes given back. A failure after some mappings went is reported as what went (the block
-    /// is that much shorter); a failure before any went is the error.
+    /// Unmaps and releases the last mappings, as many whole ones as fit in `bytes` and end where
+    /// the one after began; returns the bytes given back. A failure after some mappings went is
+    /// reported as what went (the block is that much shorter); a failure before any went is the
+    /// error.
     fn unmap_last(&mut self, bytes: usize) -> Result<usize> {
         let access = Arc::clone(&self.access);
         let mut access = access.lock();
-        let done = self.unmap_last_locked(bytes);
-        if self.mapped == 0 {
-            access.mapped.remove(&self.base);
-        } else {
-            access.mapped.insert(self.base, self.mapped);
-        }
-        done
-    }
-
-    /// [`Segment::unmap_last`] under the access lock.
-    fn unmap_last_locked(&mut self, bytes: usize) -> Result<usize> {
         let mut done = 0;
-        while let Some(&(len, handle)) = self.maps.last() {
-            if done + len > bytes {
+        while let Some((&offset, &(len, handle))) = self.maps.last_key_value() {
+            if done + len > bytes || offset + len != self.extent {
                 break;
             }
-            let at = self.base + self.mapped - len;
+            let at = self.base + offset;
             // SAFETY: the last mapping, `len` bytes at `at`, unmapped whole; the pool lends none
             // of it (it asked for the shrink, or the block is being dropped) and no work uses it.
             if let Err(e) = unsafe { B::vm_unmap(self.device, at, len) } {
                 return if done == 0 { Err(e) } else { Ok(done) };
             }
-            self.maps.pop();
-            self.mapped -= len;
+            self.maps.pop_last();
+            access.mapped.remove(&at);
+            self.extent -= len;
+            self.held -= len;
             done += len;
-            // SAFETY: unmapped just above; released once (popped from the list). A failed
+            // SAFETY: unmapped just above; released once (removed from the map). A failed
             // release loses the physical allocation, not the block's accounting: it is unmapped.
             let _ = unsafe { B::vm_release(self.device, handle) };
         }
         Ok(done)
     }
 
-    /// The number of physical allocations mapped in the block (one per growth).
+    /// Unmaps and releases every mapping, for the drop; false when one failed (the range is then
+    /// not freed: something is still mapped in it).
+    fn unmap_all(&mut self) -> bool {
+        let access = Arc::clone(&self.access);
+        let mut access = access.lock();
+        let mut all = true;
+        for (offset, (len, handle)) in std::mem::take(&mut self.maps) {
+            let at = self.base + offset;
+            access.mapped.remove(&at);
+            // SAFETY: a whole mapping of the block, which is being dropped: the pool lends none
+            // of it and no work uses it.
+            if unsafe { B::vm_unmap(self.device, at, len) }.is_err() {
+                all = false;
+                continue;
+            }
+            // SAFETY: unmapped just above; released once (taken out of the map).
+            let _ = unsafe { B::vm_release(self.device, handle) };
+        }
+        all
+    }
+
+    /// The number of physical allocations mapped in the block (one per growth, or per granule
+    /// with stitching).
     #[must_use]
     pub fn mappings(&self) -> usize {
         self.maps.len()
@@ -272,10 +412,13 @@ impl<B: VirtualMemoryOps> RawBlock for Segment<B> {
         self.base
     }
     fn size(&self) -> usize {
-        self.mapped
+        self.extent
     }
     fn device(&self) -> DeviceId {
         self.device
+    }
+    fn held(&self) -> usize {
+        self.held
     }
 }
 
@@ -283,8 +426,7 @@ impl<B: VirtualMemoryOps> Drop for Segment<B> {
     fn drop(&mut self) {
         // A failure here cannot be returned, and the memory is lost to this process either way;
         // no panic in drop.
-        let _ = self.unmap_last(usize::MAX);
-        if self.maps.is_empty() {
+        if self.unmap_all() {
             // SAFETY: the range was reserved by `vm_reserve` with this size and nothing is mapped
             // in it any more; freed once, here.
             let _ = unsafe { B::vm_free_range(self.device, self.base, self.reserved) };
@@ -303,8 +445,9 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
             device,
             base,
             reserved,
-            mapped: 0,
-            maps: Vec::new(),
+            extent: 0,
+            held: 0,
+            maps: BTreeMap::new(),
             access: Arc::clone(&self.access),
             _backend: std::marker::PhantomData,
         };
@@ -322,7 +465,7 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
     }
 
     fn grow(&self, block: &mut Segment<B>, extra: usize) -> Result<bool> {
-        if !extra.is_multiple_of(self.granule) || block.mapped + extra > block.reserved {
+        if !extra.is_multiple_of(self.granule) || block.extent.saturating_add(extra) > block.reserved {
             return Ok(false);
         }
         self.map_more(block, extra)?;
@@ -330,9 +473,40 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
     }
 
     fn shrink(&self, block: &mut Segment<B>, bytes: usize) -> Result<usize> {
-        if !bytes.is_multiple_of(self.granule) || bytes >= block.mapped {
+        if !bytes.is_multiple_of(self.granule) || bytes >= block.extent {
             return Ok(0);
         }
         block.unmap_last(bytes)
+    }
+
+    fn stitches(&self) -> bool {
+        self.stitch
+    }
+
+    unsafe fn lift_pages(&self, block: &mut Segment<B>, offset: usize, len: usize) -> Result<usize> {
+        if !self.stitch || !offset.is_multiple_of(self.granule) {
+            return Ok(0);
+        }
+        // SAFETY: the caller's promise: nothing uses the range, now or until it is mapped again.
+        unsafe { self.lift(block, offset, len) }
+    }
+
+    fn map_pages(&self, block: &mut Segment<B>, offset: usize, len: usize) -> Result<usize> {
+        let whole = offset.is_multiple_of(self.granule) && len.is_multiple_of(self.granule);
+        if !self.stitch || len == 0 || !whole || !Self::unmapped(block, offset, len) {
+            return Ok(0);
+        }
+        self.map_at(block, offset, len)?;
+        Ok(len)
+    }
+
+    fn drop_lifted_pages(&self) {
+        let device = self.access.lock().owner;
+        let lifted = std::mem::take(&mut *self.lifted.lock());
+        for handle in lifted {
+            // SAFETY: a lifted handle is unmapped and owned by the list alone, taken out of it
+            // here; released once. A failure loses the memory to this process.
+            let _ = unsafe { B::vm_release(device, handle) };
+        }
     }
 }

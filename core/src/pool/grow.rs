@@ -23,6 +23,23 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
         hooked: bool,
     ) -> Result<PooledMemory<R>> {
+        let grown = self.grow_by_policy(size, mem_size, key, cache, hooked);
+        if self.stitching() {
+            // Pages lifted for a growth that did not take them all (it failed, or found room).
+            self.shared.allocator.drop_lifted_pages();
+        }
+        grown
+    }
+
+    /// [`Pool::grow`], before the pages lifted and not mapped again are given back.
+    fn grow_by_policy(
+        &self,
+        size: usize,
+        mem_size: usize,
+        key: ArenaKey,
+        cache: &ArenaCache,
+        hooked: bool,
+    ) -> Result<PooledMemory<R>> {
         // `HoldPeakInUse` releases whole blocks to stay at its peak; growing blocks in place works
         // against that (measured: it held 2.5 times what was in use), so it does not grow them.
         if self.shared.expandable.load(Ordering::Relaxed)
@@ -116,6 +133,13 @@ impl<R: RawAllocator> Pool<R> {
         let Some(mut extra) = mem_size.saturating_sub(tail.free).checked_next_multiple_of(granule) else {
             return Ok(None);
         };
+        if extra > 0 && self.stitching() {
+            // Stitching: a lifted range that needs no more pages than the tail does comes first.
+            if let Some(lent) = self.lend_from_lifted(&mut st, size, mem_size, extra)? {
+                drop(st);
+                return Ok(Some(PooledMemory::lent(&ArenaRef::new(&arena), lent, mem_size)));
+            }
+        }
         if extra > 0 && self.growth_policy() == GrowthPolicy::Segments {
             extra = policy::growth(mem_size, extra, granule, tail.mapped);
         }
@@ -127,6 +151,8 @@ impl<R: RawAllocator> Pool<R> {
             }
             return Ok(None);
         }
+        // Stitching: the pages under free holes first, so the growth maps memory the pool holds.
+        self.lift_for_growth(&mut st, extra, None)?;
         let limit = self.get_limit();
         let fits = self.shared.total_bytes.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |total| {
             total.checked_add(extra).filter(|&t| limit == 0 || t <= limit)
@@ -146,7 +172,7 @@ impl<R: RawAllocator> Pool<R> {
             self.shared.total_bytes.fetch_sub(extra, Ordering::Relaxed);
             return Ok(None);
         }
-        self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
+        self.raise_peak_total();
         // The grown tail holds the request, in the request's free index; best fit may still pick
         // a smaller free chunk that fits, which is as good.
         // `HoldPeakInUse`'s bound on splits does not apply: the tail was grown for this request.
@@ -222,7 +248,7 @@ impl<R: RawAllocator> Pool<R> {
         match self.allocate_raw(size, key, hooked) {
             Ok(block) => {
                 std::mem::forget(reservation);
-                self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
+                self.raise_peak_total();
                 Ok(block)
             }
             Err(Error::OutOfMemory { .. }) => {

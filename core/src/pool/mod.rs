@@ -65,6 +65,7 @@ mod raw;
 mod release;
 mod share;
 pub mod stats;
+mod stitch;
 mod sync;
 #[cfg(test)]
 mod tests;
@@ -193,6 +194,7 @@ struct Shared<R: RawAllocator> {
     expandable: AtomicBool,
     /// The most bytes held from the raw allocator at once since the last peak reset.
     peak_total: AtomicUsize,
+
     /// Allocations that failed for want of memory (the limit or the device).
     n_oom: AtomicU64,
     /// Allocations that went down the retry ladder (released the cache and tried again).
@@ -230,6 +232,33 @@ pub const EXPANDABLE_SEGMENTS_ENV: &str = "GPUMEM_EXPANDABLE_SEGMENTS";
 /// [`Error::InvalidEnvironment`] for any other value.
 pub fn expandable_segments_from_env() -> Result<Option<bool>> {
     flag_from_env(EXPANDABLE_SEGMENTS_ENV)
+}
+
+/// The environment variable that turns stitching on for each new pool of the runtime's device
+/// allocator: expandable segments whose growths first take the pages under the pool's free
+/// chunks, so a request that fits no hole is met by memory the pool holds
+/// ([`ExpandableAllocator::stitching`](expandable::ExpandableAllocator::stitching)). A flag, such
+/// as `1` or `true` on, `0` or `false` off (the default; [the forms](crate::env)); on, it implies
+/// [`EXPANDABLE_SEGMENTS_ENV`], and `GPUMEM_EXPANDABLE_SEGMENTS=0` beside it is an error.
+pub const STITCH_ENV: &str = "GPUMEM_STITCH";
+
+/// Reads [`STITCH_ENV`]; `None` when it is not set.
+///
+/// # Errors
+///
+/// [`Error::InvalidEnvironment`] for any other value, or when it is on and
+/// [`EXPANDABLE_SEGMENTS_ENV`] is off.
+pub fn stitch_from_env() -> Result<Option<bool>> {
+    let stitch = flag_from_env(STITCH_ENV)?;
+    if stitch == Some(true) && expandable_segments_from_env()? == Some(false) {
+        return Err(Error::InvalidEnvironment {
+            variable: STITCH_ENV,
+            value: format!("1 with {EXPANDABLE_SEGMENTS_ENV}=0"),
+            expected:
+                "stitching moves the pages of growing blocks: leave GPUMEM_EXPANDABLE_SEGMENTS unset or on",
+        });
+    }
+    Ok(stitch)
 }
 
 /// The environment variable that makes each new pool of the runtime lend free memory across
@@ -347,6 +376,7 @@ impl<R: RawAllocator> Pool<R> {
                 reclaimer: std::sync::OnceLock::new(),
                 expandable: AtomicBool::new(false),
                 peak_total: AtomicUsize::new(0),
+
                 n_oom: AtomicU64::new(0),
                 n_retries: AtomicU64::new(0),
                 n_lent_across: AtomicU64::new(0),

@@ -20,6 +20,11 @@ pub trait RawBlock: Send + Sync + 'static {
     fn size(&self) -> usize;
     /// The device the block is on.
     fn device(&self) -> DeviceId;
+    /// The bytes of the block backed by memory: its size, less what
+    /// [`RawAllocator::lift_pages`] took out of it.
+    fn held(&self) -> usize {
+        self.size()
+    }
 }
 
 /// Allocates the raw blocks a pool carves up. The runtime's default calls the device's
@@ -83,6 +88,53 @@ pub trait RawAllocator: Send + Sync + 'static {
         let _ = (block, bytes);
         Ok(0)
     }
+
+    /// Whether [`Self::lift_pages`] moves pages (stitching): then a growing block's growth first
+    /// takes the whole pages under the arena's free chunks, and maps them at the block's end in
+    /// place of new memory. Only allocators whose blocks are [`Self::expandable`].
+    fn stitches(&self) -> bool {
+        false
+    }
+
+    /// Unmaps the pages of `block` at `offset..offset + len` (whole granules, inside the block,
+    /// which the pool no longer lends and no work uses) and keeps them for this allocator's
+    /// next [`Self::grow`] or [`Self::allocate`], which maps them before it makes new memory.
+    /// Returns the bytes lifted: a prefix of the range from `offset`, whole granules, 0 when it
+    /// cannot (pages mapped across the range's ends, say). The pool checks the block afterwards:
+    /// same address and size, [`RawBlock::held`] exactly that much less; what is lifted is
+    /// never lent from this block again until [`Self::map_pages`] maps it.
+    ///
+    /// # Safety
+    ///
+    /// Nothing uses the range, or reaches it through the block (its address and size, as
+    /// memory the block promises is there), until [`Self::map_pages`] maps it again: a lifted
+    /// range has no memory behind it, and touching it is a fault on a device.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's error; what it lifted before the failure stays lifted and is counted.
+    #[allow(unsafe_code)] // the caller promises what a lifted range needs: see Safety
+    unsafe fn lift_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        let _ = (block, offset, len);
+        Ok(0)
+    }
+
+    /// Maps pages at `offset..offset + len` of `block` (whole granules, all lifted before by
+    /// [`Self::lift_pages`]): the pages lifted first, new memory for the rest. Returns the bytes
+    /// mapped: all of them, or 0 and nothing mapped. The pool checks the block afterwards: same
+    /// address and size, [`RawBlock::held`] exactly that much more.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's error; nothing is mapped.
+    fn map_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        let _ = (block, offset, len);
+        Ok(0)
+    }
+
+    /// Gives back to the device the pages [`Self::lift_pages`] took and no growth mapped again.
+    /// The pool calls it after every miss that lifted pages.
+    fn drop_lifted_pages(&self) {}
 
     /// The allocator for a pool of `device`, made from this one: a clone, unless the allocator
     /// decides something per device (the runtime's device allocator picks fixed or growing
@@ -152,5 +204,19 @@ impl<R: RawAllocator> RawAllocator for std::sync::Arc<R> {
     }
     fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
         (**self).shrink(block, bytes)
+    }
+    fn stitches(&self) -> bool {
+        (**self).stitches()
+    }
+    #[allow(unsafe_code)] // forwards the caller's promise
+    unsafe fn lift_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        // SAFETY: the caller's promise, passed on.
+        unsafe { (**self).lift_pages(block, offset, len) }
+    }
+    fn map_pages(&self, block: &mut Self::Block, offset: usize, len: usize) -> Result<usize> {
+        (**self).map_pages(block, offset, len)
+    }
+    fn drop_lifted_pages(&self) {
+        (**self).drop_lifted_pages();
     }
 }

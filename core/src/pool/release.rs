@@ -68,8 +68,12 @@ impl<R: RawAllocator> Pool<R> {
                         st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
                 }
                 bytes = st.release_free_blocks(&mut released) + cut;
+                // Stitching: the pages under the free chunks left go too (counted off the total
+                // as they are lifted).
+                self.lift_all(&mut st);
                 empty = st.is_empty();
             }
+            self.shared.allocator.drop_lifted_pages();
             self.observe_raw_frees(key, &released[first..]);
             self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
             if empty {

@@ -177,9 +177,10 @@ pub struct SegmentSnapshot {
     pub arena: ArenaKey,
     /// The block's first address.
     pub address: DevicePtr,
-    /// Its size in bytes.
+    /// Its size in bytes: what it holds (with stitching, less the ranges whose pages moved).
     pub total_size: usize,
-    /// Its chunks, which cover it.
+    /// Its chunks, which cover it (with stitching, all but the ranges whose pages moved, which
+    /// hold no memory).
     pub blocks: Vec<BlockSnapshot>,
 }
 
@@ -211,7 +212,8 @@ impl PoolSnapshot {
                         size: c.size,
                         requested_size: c.requested,
                         state: match c.state {
-                            State::Free | State::Vacant => BlockState::Free,
+                            // Lifted chunks are left out of the views.
+                            State::Free | State::Vacant | State::Lifted => BlockState::Free,
                             State::Lent => BlockState::Allocated,
                             State::Fenced => BlockState::PendingFree,
                         },

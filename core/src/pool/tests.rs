@@ -680,8 +680,8 @@ fn expandable_segments_need_an_allocator_that_grows() {
 }
 
 #[test]
-fn the_expandable_segments_variable_is_read_strictly() {
-    // The only test that sets this variable.
+fn the_expandable_segments_and_stitching_variables_are_read_strictly() {
+    // The only test that sets these variables.
     for (value, expected) in
         [("1", Some(true)), ("true", Some(true)), ("0", Some(false)), ("false", Some(false))]
     {
@@ -697,6 +697,21 @@ fn the_expandable_segments_variable_is_read_strictly() {
     );
     std::env::remove_var(EXPANDABLE_SEGMENTS_ENV);
     assert_eq!(expandable_segments_from_env().unwrap(), None);
+    // Stitching, read here too (the two are read together): on with growing blocks left to
+    // their default, and an error beside fixed blocks, which have no pages to move.
+    std::env::set_var(STITCH_ENV, "1");
+    assert_eq!(stitch_from_env().unwrap(), Some(true));
+    std::env::set_var(EXPANDABLE_SEGMENTS_ENV, "0");
+    let err = stitch_from_env().unwrap_err();
+    assert!(
+        err.to_string().starts_with("GPUMEM_STITCH=\"1 with GPUMEM_EXPANDABLE_SEGMENTS=0\" is not valid"),
+        "{err}"
+    );
+    std::env::remove_var(EXPANDABLE_SEGMENTS_ENV);
+    std::env::set_var(STITCH_ENV, "sometimes");
+    assert!(matches!(stitch_from_env().unwrap_err(), Error::InvalidEnvironment { .. }));
+    std::env::remove_var(STITCH_ENV);
+    assert_eq!(stitch_from_env().unwrap(), None);
 }
 
 #[test]

@@ -23,8 +23,10 @@ use super::policy;
 mod counters;
 mod growth;
 mod planned;
+mod stitch;
 
 pub(crate) use counters::Counters;
+pub(crate) use stitch::Window;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum State {
@@ -33,6 +35,8 @@ pub(crate) enum State {
     /// Freed behind a fence that has not been seen complete: still lent (and active), no longer
     /// allocated.
     Fenced,
+    /// Stitching: a range of a block whose pages were lifted out (see `stitch`); no memory.
+    Lifted,
     Vacant,
 }
 
@@ -98,6 +102,8 @@ pub(crate) struct ArenaState<K> {
     pub(crate) used_bytes: usize,
     /// Chunks lent out.
     pub(crate) n_lent: usize,
+    /// Lifted chunks (stitching; see `stitch`): while there are none, no block has a hole.
+    lifted_chunks: usize,
     /// The statistics (plain integers: the arena's lock guards them).
     pub(crate) counters: Counters,
 }
@@ -151,6 +157,7 @@ impl<K: RawBlock> ArenaState<K> {
             keep_tail_last: false,
             used_bytes: 0,
             n_lent: 0,
+            lifted_chunks: 0,
             counters: Counters::default(),
         }
     }
@@ -484,7 +491,7 @@ impl<K: RawBlock> ArenaState<K> {
             return Some(self.release(slot));
         }
         self.mark_free(slot);
-        None
+        self.release_if_idle(slot)
     }
 
     /// Merges a returning chunk with its free neighbours. Free neighbours are never adjacent to
@@ -533,24 +540,29 @@ impl<K: RawBlock> ArenaState<K> {
             self.counters.on_hand_over(chunk.size);
         }
         self.vacate(slot);
-        if self.plan.is_some_and(|p| p.block == chunk.block) {
+        (self.take_block(chunk.block), chunk.size)
+    }
+
+    /// Takes raw block `block`, whose chunks are all vacated, out of the arena.
+    fn take_block(&mut self, block: u32) -> K {
+        if self.plan.is_some_and(|p| p.block == block) {
             self.plan = None;
         }
-        let mem = self.blocks[chunk.block as usize].take().expect("a live chunk's block is present");
+        let mem = self.blocks[block as usize].take().expect("a live chunk's block is present");
         for g in &mut self.growable {
-            if *g == Some(chunk.block) {
+            if *g == Some(block) {
                 *g = None;
             }
         }
-        self.vacant_blocks.push(chunk.block);
-        (mem, chunk.size)
+        self.vacant_blocks.push(block);
+        mem
     }
 
     /// Releases every free chunk that is a whole raw block (CuPy's `free_all_blocks`: a split
     /// block stays until its parts are merged back). The blocks go to `out`, to be freed outside
     /// the lock; returns the bytes released.
     pub(crate) fn release_free_blocks(&mut self, out: &mut Vec<K>) -> usize {
-        let mut bytes = 0;
+        let mut bytes = self.release_idle_blocks(out);
         for slot in 0..self.chunks.len() as u32 {
             let c = self.chunks[slot as usize];
             if c.state == State::Free && c.prev == NIL && c.next == NIL {
@@ -637,7 +649,8 @@ impl<K: RawBlock> ArenaState<K> {
         self.counters.on_free(size, size - usize::from(slack));
     }
 
-    /// Every raw block's chunks in address order, as `(address, size, chunks)`.
+    /// Every raw block's chunks in address order, as `(address, size, chunks)`; with stitching,
+    /// lifted ranges are left out, and the size is what the block holds.
     pub(crate) fn segments(&self) -> Vec<(DevicePtr, usize, Vec<ChunkView>)> {
         let mut out = Vec::new();
         for slot in 0..self.chunks.len() as u32 {
@@ -649,6 +662,11 @@ impl<K: RawBlock> ArenaState<K> {
             let mut at = slot;
             while at != NIL {
                 let c = &self.chunks[at as usize];
+                if c.state == State::Lifted {
+                    // No memory is behind it: the snapshot shows what the block holds.
+                    at = c.next;
+                    continue;
+                }
                 let requested = if c.state == State::Free { 0 } else { c.size - usize::from(c.slack) };
                 views.push(ChunkView { ptr: c.ptr, size: c.size, requested, state: c.state });
                 at = c.next;

@@ -8,7 +8,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::expandable::{ExpandableAllocator, Segment, DEFAULT_RESERVE};
-use crate::pool::{expandable_segments_from_env, RawAllocator, RawBlock};
+use crate::pool::{expandable_segments_from_env, stitch_from_env, RawAllocator, RawBlock};
 use crate::runtime::memory::{BaseMemory, Memory};
 use crate::runtime::state::{drop_outside_callbacks, record_drop_error, Runtime};
 use crate::runtime::stream::inflight;
@@ -59,6 +59,22 @@ impl<B: Runtime> DeviceAllocator<B> {
         let total = B::device_properties(device)?.total_memory;
         let reserve = DEFAULT_RESERVE.min(total.max(1));
         Ok(DeviceAllocator { mode: Mode::Growing(Arc::new(ExpandableAllocator::new(device, reserve)?)) })
+    }
+
+    /// As [`DeviceAllocator::expandable`], with stitching: one physical allocation per page, so
+    /// that the pool can move the pages under its free chunks to where a growth needs them
+    /// ([`ExpandableAllocator::stitching`]). Moving pages first waits for the work queued on the
+    /// device with no event, as a shrink does.
+    ///
+    /// # Errors
+    ///
+    /// As [`DeviceAllocator::expandable`].
+    pub fn stitching(device: DeviceId) -> Result<Self> {
+        let total = B::device_properties(device)?.total_memory;
+        let reserve = DEFAULT_RESERVE.min(total.max(1));
+        Ok(DeviceAllocator {
+            mode: Mode::Growing(Arc::new(ExpandableAllocator::stitching(device, reserve)?)),
+        })
     }
 }
 
@@ -130,6 +146,12 @@ impl<B: Runtime> RawBlock for DeviceBlock<B> {
             Block::Growing(s) => s.device(),
         }
     }
+    fn held(&self) -> usize {
+        match &*self.0 {
+            Block::Fixed(m) => BaseMemory::<B>::size(m),
+            Block::Growing(s) => s.held(),
+        }
+    }
 }
 
 impl<B: Runtime> Drop for DeviceBlock<B> {
@@ -149,9 +171,11 @@ impl<B: Runtime> Drop for DeviceBlock<B> {
 }
 
 // SAFETY: a fixed block forwards to its `Memory`, which promises the same; a growing block's
-// `size()` is the bytes mapped at its start, which are device memory of `B`, accessible from its
-// device (set when they were mapped) until they are unmapped, which happens only when the pool
-// shrinks the block past chunks it no longer lends or drops the block.
+// `size()` is the bytes up to the end of its last mapping, which are device memory of `B`,
+// accessible from its device (set when they were mapped) until they are unmapped, which happens
+// only when the pool shrinks the block past chunks it no longer lends or drops the block, or
+// lifts pages under a free chunk: `lift_pages` is unsafe, and its caller promises that nothing
+// reaches the lifted range, through this promise or otherwise, until it is mapped again.
 unsafe impl<B: Runtime> BaseMemory<B> for DeviceBlock<B> {
     fn ptr(&self) -> DevicePtr {
         self.address()
@@ -217,8 +241,44 @@ impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
         }
     }
 
+    fn stitches(&self) -> bool {
+        matches!(&self.mode, Mode::Growing(g) if g.stitches())
+    }
+
+    #[allow(unsafe_code)] // forwards the caller's promise, after the wait a lift needs
+    unsafe fn lift_pages(&self, block: &mut DeviceBlock<B>, offset: usize, len: usize) -> Result<usize> {
+        match (&self.mode, &mut *block.0) {
+            (Mode::Growing(g), Block::Growing(s)) => {
+                // Unmapping does not wait for queued work, which may still use pages the pool
+                // lends its own stream again: as for a shrink, the work queued with no event is
+                // waited for first, and a host function, which cannot wait, lifts nothing.
+                if crate::runtime::stream::callback::in_callback() {
+                    return Ok(0);
+                }
+                inflight::wait_unrecorded::<B>(s.device())?;
+                // SAFETY: the caller's promise; the wait above covers the queued work.
+                unsafe { g.lift_pages(s, offset, len) }
+            }
+            _ => Ok(0),
+        }
+    }
+
+    fn map_pages(&self, block: &mut DeviceBlock<B>, offset: usize, len: usize) -> Result<usize> {
+        match (&self.mode, &mut *block.0) {
+            (Mode::Growing(g), Block::Growing(s)) => g.map_pages(s, offset, len),
+            _ => Ok(0),
+        }
+    }
+
+    fn drop_lifted_pages(&self) {
+        if let Mode::Growing(g) = &self.mode {
+            g.drop_lifted_pages();
+        }
+    }
+
     fn for_device(&self, device: DeviceId) -> Result<Self> {
         match self.mode {
+            Mode::FromEnvironment if stitch_from_env()? == Some(true) => Self::stitching(device),
             Mode::FromEnvironment if expandable_segments_from_env()? == Some(true) => {
                 Self::expandable(device)
             }

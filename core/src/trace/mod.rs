@@ -13,14 +13,15 @@
 
 use std::collections::HashMap;
 use std::fmt::Write as _;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::Ordering;
 
 use crate::error::Result;
-use crate::hal::types::{DeviceId, DevicePtr};
-use crate::pool::counting::Counting;
 pub use crate::pool::counting::Counts;
-use crate::pool::{ArenaCache, ArenaKey, GrowthPolicy, PlanState, PlanStats, Pool, RawAllocator, RawBlock};
+use crate::pool::{ArenaCache, ArenaKey, GrowthPolicy, PlanState, PlanStats, Pool, RawAllocator};
+
+mod ranges;
+
+pub use ranges::{AddressRange, AddressRanges, CountingAllocator, DriverCalls};
 
 /// One step of a trace.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -376,6 +377,12 @@ pub struct ReplayStats {
     pub raw_calls_in_steps: Vec<usize>,
     /// Allocations served by another stream's free chunk ([`ReplayOptions::share_across_streams`]).
     pub lent_across_streams: usize,
+    /// With [`ReplayOptions::stitch`]: the bytes of pages lifted out of free chunks and mapped
+    /// again where a growth needed them (each 2 MiB page an unmap and a map on a device).
+    pub bytes_lifted: usize,
+    /// The driver calls a device would have made ([`DriverCalls`]), the pool's drop at the end
+    /// not counted.
+    pub driver_calls: usize,
     /// With [`ReplayOptions::plan`]: what the plan learned from the loop did.
     pub plan: Option<PlanReplay>,
 }
@@ -434,85 +441,6 @@ impl ReplayStats {
     }
 }
 
-/// A raw allocator of address ranges that never overlap, with no memory behind them (host
-/// memory is not touched: the blocks are numbers), for replays whose figures depend only on the
-/// pool's rules. With [`AddressRanges::expandable`], blocks grow and shrink in place, in granules.
-/// Clones hand out from the same ranges.
-#[derive(Clone, Debug, Default)]
-pub struct AddressRanges {
-    next: Arc<AtomicUsize>,
-    granule: Option<usize>,
-}
-
-/// A block of [`AddressRanges`].
-#[derive(Debug)]
-pub struct AddressRange {
-    address: DevicePtr,
-    size: usize,
-    device: DeviceId,
-}
-
-impl RawBlock for AddressRange {
-    fn address(&self) -> DevicePtr {
-        self.address
-    }
-    fn size(&self) -> usize {
-        self.size
-    }
-    fn device(&self) -> DeviceId {
-        self.device
-    }
-}
-
-impl RawAllocator for AddressRanges {
-    type Block = AddressRange;
-
-    fn allocate(&self, device: DeviceId, size: usize) -> Result<AddressRange> {
-        // A gap between blocks, so that no two blocks look contiguous; growable blocks get a
-        // range of 1 TiB each to grow into.
-        let span = if self.granule.is_some() { 1 << 40 } else { size.next_multiple_of(4096) + 4096 };
-        let address = (1 << 40) + self.next.fetch_add(span, Ordering::Relaxed);
-        Ok(AddressRange { address, size, device })
-    }
-
-    fn expandable(&self) -> bool {
-        self.granule.is_some()
-    }
-
-    fn granule(&self) -> usize {
-        self.granule.unwrap_or(1)
-    }
-
-    fn grow(&self, block: &mut AddressRange, extra: usize) -> Result<bool> {
-        if self.granule.is_none() {
-            return Ok(false);
-        }
-        block.size += extra;
-        Ok(true)
-    }
-
-    fn shrink(&self, block: &mut AddressRange, bytes: usize) -> Result<usize> {
-        if self.granule.is_none() || bytes >= block.size {
-            return Ok(0);
-        }
-        block.size -= bytes;
-        Ok(bytes)
-    }
-}
-
-/// What the replays run on: [`AddressRanges`] with its calls counted. With
-/// [`CountingAllocator::expandable`] each growth counts as a raw allocation and each shrink as
-/// a raw free (PyTorch counts its expandable segments' maps and unmaps so).
-pub type CountingAllocator = Counting<AddressRanges>;
-
-impl Counting<AddressRanges> {
-    /// A counting allocator whose blocks grow and shrink in steps of `granule` bytes.
-    #[must_use]
-    pub fn expandable(granule: usize) -> Self {
-        Counting::new(AddressRanges { next: Arc::default(), granule: Some(granule.max(1)) })
-    }
-}
-
 /// Replays `steps` through a new pool with `policy` on a [`CountingAllocator`]; stream `n` of
 /// the trace is arena `ArenaKey::stream(n)` (0: the null stream).
 ///
@@ -566,6 +494,9 @@ pub struct ReplayOptions {
     /// Plan with no marks ([`Pool::plan_automatically`]): the pool finds the loop's iterations
     /// from the allocations. Wins over [`ReplayOptions::plan`].
     pub plan_automatically: bool,
+    /// Stitching ([`CountingAllocator::stitching`]): expandable segments whose growths first
+    /// take the pages under free chunks. Implies [`ReplayOptions::expandable`].
+    pub stitch: bool,
 }
 
 /// A running count (raw calls, say) split at a replay's marks: what it grew by from each mark to
@@ -607,7 +538,9 @@ impl<'a> CountsBetweenMarks<'a> {
 ///
 /// As [`replay`].
 pub fn replay_with(steps: &[Step], policy: GrowthPolicy, options: ReplayOptions) -> Result<ReplayStats> {
-    let allocator = if options.expandable {
+    let allocator = if options.stitch {
+        CountingAllocator::stitching(2 << 20)
+    } else if options.expandable {
         CountingAllocator::expandable(2 << 20)
     } else {
         CountingAllocator::default()
@@ -695,6 +628,8 @@ fn replay_on(
         raw_frees: c.frees.load(Ordering::Relaxed),
         raw_calls_in_steps,
         lent_across_streams: pool.stats().all.lent_across_streams as usize,
+        bytes_lifted: c.lifted.load(Ordering::Relaxed),
+        driver_calls: allocator.driver_calls(),
         plan,
     })
 }
@@ -799,8 +734,8 @@ mod tests {
     #[cfg_attr(miri, ignore = "replays thousands of trace steps: too slow under Miri")]
     fn the_recorded_training_traces_hold_within_two_percent_once_planned_without_expandable_segments() {
         let fixtures = [
-            ("GPT-2", include_str!("../tests/fixtures/gpt2-training.trace")),
-            ("BERT", include_str!("../tests/fixtures/bert-finetuning.trace")),
+            ("GPT-2", include_str!("../../tests/fixtures/gpt2-training.trace")),
+            ("BERT", include_str!("../../tests/fixtures/bert-finetuning.trace")),
         ];
         for (name, text) in fixtures {
             let (steps, marks) = repeat_last_iteration(&parse(text).unwrap(), &step_marks(text), 7);
@@ -845,9 +780,9 @@ mod tests {
     fn the_recorded_training_traces_are_planned_with_no_step_lines() {
         // ViT's twelve identical layers repeat their sizes within each step.
         let fixtures = [
-            ("GPT-2", include_str!("../tests/fixtures/gpt2-training.trace")),
-            ("BERT", include_str!("../tests/fixtures/bert-finetuning.trace")),
-            ("ViT", include_str!("../tests/fixtures/vit-training.trace")),
+            ("GPT-2", include_str!("../../tests/fixtures/gpt2-training.trace")),
+            ("BERT", include_str!("../../tests/fixtures/bert-finetuning.trace")),
+            ("ViT", include_str!("../../tests/fixtures/vit-training.trace")),
         ];
         for (name, text) in fixtures {
             let (steps, marks) = repeat_last_iteration(&parse(text).unwrap(), &step_marks(text), 7);
