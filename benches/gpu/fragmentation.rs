@@ -49,6 +49,8 @@ pub(crate) enum Raw {
     Plain,
     /// Expandable segments on the virtual-memory API.
     Expandable,
+    /// Expandable segments that move the pages under free chunks where a growth needs them.
+    Stitching,
 }
 
 /// Replays a trace through a fresh pool (the pool's own API, each trace stream its own arena)
@@ -125,6 +127,13 @@ pub(crate) fn replay_once(steps: &[trace::Step], marks: &[usize], setup: Setup) 
                 ExpandableAllocator::<B>::new(dev(), expandable::DEFAULT_RESERVE.min(total / 4)).unwrap();
             run(steps, marks, policy, Counting::new(Arc::new(inner)), share)
         }
+        Raw::Stitching => {
+            let total = gpumem::Device::current().properties().unwrap().total_memory;
+            let inner =
+                ExpandableAllocator::<B>::stitching(dev(), expandable::DEFAULT_RESERVE.min(total / 4))
+                    .unwrap();
+            run(steps, marks, policy, Counting::new(Arc::new(inner)), share)
+        }
     }
 }
 
@@ -169,7 +178,7 @@ pub(crate) fn later_steps(text: &str) -> Vec<usize> {
 }
 
 /// gpumem's configurations: (label, policy, raw allocator, memory shared across streams).
-pub(crate) const POLICIES: [(&str, GrowthPolicy, Raw, bool); 6] = [
+pub(crate) const POLICIES: [(&str, GrowthPolicy, Raw, bool); 7] = [
     ("gpumem, CuPy's rules", GrowthPolicy::CacheUntilOutOfMemory, Raw::Plain, false),
     ("gpumem, HoldPeakInUse", GrowthPolicy::HoldPeakInUse, Raw::Plain, false),
     ("gpumem, Segments", GrowthPolicy::Segments, Raw::Plain, false),
@@ -181,6 +190,7 @@ pub(crate) const POLICIES: [(&str, GrowthPolicy, Raw, bool); 6] = [
     ),
     ("gpumem, Segments, expandable segments", GrowthPolicy::Segments, Raw::Expandable, false),
     ("gpumem, Segments, expandable, shared across streams", GrowthPolicy::Segments, Raw::Expandable, true),
+    ("gpumem, Segments, stitching", GrowthPolicy::Segments, Raw::Stitching, false),
 ];
 
 /// The anchors' rows: (label, key prefix in anchors.txt).
@@ -205,7 +215,7 @@ pub(crate) fn fragmentation(report: &mut Report, dir: Option<&str>) -> String {
         let label = format!("{} ({} steps)", name.replace('_', " "), steps.len());
         let mut ours = Vec::new();
         for (what, policy, raw, share) in POLICIES {
-            if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
+            if raw != Raw::Plain && !<B as gpumem::core::Api>::CAPS.virtual_memory {
                 continue;
             }
             let r = replay(&steps, &marks, Setup { policy, raw, share });
@@ -319,6 +329,7 @@ pub(crate) fn seed_steps(seed: u64) -> Vec<trace::Step> {
 fn replay_options(raw: Raw, share: bool, marks: &[usize]) -> trace::ReplayOptions {
     trace::ReplayOptions {
         expandable: raw == Raw::Expandable,
+        stitch: raw == Raw::Stitching,
         share_across_streams: share,
         marks: marks.to_vec(),
         ..trace::ReplayOptions::default()
@@ -338,11 +349,12 @@ pub(crate) fn print_host_replays(
         let step = |k: usize| r.raw_calls_in_steps.get(k).map_or("-".into(), usize::to_string);
         let (second, later) = (step(0), step(1));
         println!(
-            "{prefix}{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  in step 2 {second:>4}  from step 3 {later:>4}  lent across streams {:>5}",
+            "{prefix}{what:<52} held / in use {:.4}  raw allocations {:>5}  raw frees {:>5}  in step 2 {second:>4}  from step 3 {later:>4}  lent across streams {:>5}  driver calls {:>5}",
             r.ratio(),
             r.raw_allocs,
             r.raw_frees,
-            r.lent_across_streams
+            r.lent_across_streams,
+            r.driver_calls
         );
     }
 }
@@ -362,13 +374,14 @@ pub(crate) fn print_seed_sweep(n: u64) {
         let runs: Vec<trace::ReplayStats> = (1..=n).map(|seed| replay(&seed_steps(seed))).collect();
         let mut ratios: Vec<f64> = runs.iter().map(trace::ReplayStats::ratio).collect();
         let allocs = runs.iter().map(|r| r.raw_allocs).sum::<usize>() as f64 / runs.len() as f64;
+        let calls = runs.iter().map(|r| r.driver_calls).sum::<usize>() as f64 / runs.len() as f64;
         let ours = replay(&standard).ratio();
         let below = ratios.iter().filter(|&&r| r < ours).count();
         let mean = ratios.iter().sum::<f64>() / ratios.len() as f64;
         ratios.sort_by(f64::total_cmp);
         let (least, most) = (ratios[0], ratios[ratios.len() - 1]);
         println!(
-            "{what:<42} mean {mean:.4}  median {:.4}  least {least:.4}  most {most:.4}  raw allocations {allocs:>7.1}  standard seed {ours:.4} (below it: {below} of {n})",
+            "{what:<42} mean {mean:.4}  median {:.4}  least {least:.4}  most {most:.4}  raw allocations {allocs:>7.1}  driver calls {calls:>7.1}  standard seed {ours:.4} (below it: {below} of {n})",
             median(&mut ratios),
         );
     }
@@ -399,7 +412,7 @@ pub(crate) fn seed_table(report: &mut Report) -> String {
         let steps = seed_steps(seed);
         let mut cells = Vec::new();
         for (raw, column) in ours {
-            if raw == Raw::Expandable && !<B as gpumem::core::Api>::CAPS.virtual_memory {
+            if raw != Raw::Plain && !<B as gpumem::core::Api>::CAPS.virtual_memory {
                 cells.push("-".to_owned());
                 continue;
             }
