@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `GPUMEM_GPU_MEMORY_LIMIT` | a byte size (below) or a percentage of the device's memory (`40%`, `70.5%`) | no limit |
 //! | `GPUMEM_EXPANDABLE_SEGMENTS` | a flag (below) | off |
+//! | `GPUMEM_STITCH` | a flag (on implies `GPUMEM_EXPANDABLE_SEGMENTS`) | off |
 //! | `GPUMEM_SHARE_ACROSS_STREAMS` | a flag | off |
 //! | `GPUMEM_PLAN_AUTOMATICALLY` | a flag | off |
 //! | `GPUMEM_PER_THREAD_DEFAULT_STREAM` | a flag | off |
