@@ -7,6 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use crate::error::{Error, Result};
 use crate::hooks::{self, AllocEvent, Observed};
 
+use super::stitch::LiftedPages;
 use super::{
     policy, raw, ArenaCache, ArenaKey, ArenaRef, GrowthPolicy, Pool, PooledMemory, RawAllocator, RawBlock,
 };
@@ -23,23 +24,9 @@ impl<R: RawAllocator> Pool<R> {
         cache: &ArenaCache,
         hooked: bool,
     ) -> Result<PooledMemory<R>> {
-        let grown = self.grow_by_policy(size, mem_size, key, cache, hooked);
-        if self.stitching() {
-            // Pages lifted for a growth that did not take them all (it failed, or found room).
-            self.shared.allocator.drop_lifted_pages();
-        }
-        grown
-    }
-
-    /// [`Pool::grow`], before the pages lifted and not mapped again are given back.
-    fn grow_by_policy(
-        &self,
-        size: usize,
-        mem_size: usize,
-        key: ArenaKey,
-        cache: &ArenaCache,
-        hooked: bool,
-    ) -> Result<PooledMemory<R>> {
+        // Stitching: pages lifted for a growth that did not map them all (it failed, or found
+        // room) go back to the device on every way out.
+        let _lifted = self.stitching().then(|| LiftedPages(&self.shared.allocator));
         // `HoldPeakInUse` releases whole blocks to stay at its peak; growing blocks in place works
         // against that (measured: it held 2.5 times what was in use), so it does not grow them.
         if self.shared.expandable.load(Ordering::Relaxed)

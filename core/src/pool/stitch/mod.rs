@@ -15,6 +15,16 @@ use crate::error::{Error, Result};
 use super::arena::{ArenaState, Lent, Window};
 use super::{Pool, RawAllocator};
 
+/// Gives back the pages the raw allocator lifted and no growth mapped again, when dropped at the
+/// end of a miss ([`RawAllocator::drop_lifted_pages`]).
+pub(super) struct LiftedPages<'a, R: RawAllocator>(pub(super) &'a R);
+
+impl<R: RawAllocator> Drop for LiftedPages<'_, R> {
+    fn drop(&mut self) {
+        self.0.drop_lifted_pages();
+    }
+}
+
 impl<R: RawAllocator> Pool<R> {
     /// Raises the peak of the bytes held to what is held now.
     pub(super) fn raise_peak_total(&self) {

@@ -46,6 +46,40 @@ fn check<R: RawAllocator>(pool: &Pool<R>, held: usize) {
     assert_eq!(shown, held, "the snapshot shows what is held, and no lifted range");
 }
 
+/// Runs `steps` random steps from `seed` on `pool`: three in five allocate up to `largest` bytes
+/// into `live`, the others free one of `live`; every 45th step frees all blocks. `each` checks
+/// the pool after every step.
+fn run_random<R: RawAllocator>(
+    pool: &Pool<R>,
+    cache: &ArenaCache,
+    live: &mut Vec<PooledMemory<R>>,
+    seed: u64,
+    steps: usize,
+    largest: usize,
+    mut each: impl FnMut(&Pool<R>, &[PooledMemory<R>]),
+) {
+    let mut rng = seed;
+    let mut next = move || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    for step in 0..steps {
+        if live.is_empty() || next() % 5 < 3 {
+            let size = 1 + (next() % largest as u64) as usize;
+            live.push(pool.malloc(size, ArenaKey::NULL, cache).unwrap());
+        } else {
+            let i = (next() % live.len() as u64) as usize;
+            live.swap_remove(i);
+        }
+        if step % 45 == 0 {
+            pool.free_all_blocks(None);
+        }
+        each(pool, live);
+    }
+}
+
 #[test]
 fn a_request_no_hole_fits_takes_the_pages_under_the_holes() {
     let (pool, allocator, cache) = stitching();
@@ -124,27 +158,8 @@ fn random_requests_never_overlap_and_every_byte_comes_back() {
     for seed in 1..=seeds {
         let (pool, allocator, cache) = stitching();
         pool.set_growth_policy(if seed % 2 == 0 { GrowthPolicy::Segments } else { GrowthPolicy::default() });
-        let mut rng = seed;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
         let mut live: Vec<PooledMemory<CountingAllocator>> = Vec::new();
-        for step in 0..steps {
-            if live.is_empty() || next() % 5 < 3 {
-                let size = 1 + (next() % (12 * MIB as u64)) as usize;
-                live.push(pool.malloc(size, ArenaKey::NULL, &cache).unwrap());
-            } else {
-                let i = (next() % live.len() as u64) as usize;
-                live.swap_remove(i);
-            }
-            if step % 50 == 0 {
-                pool.free_all_blocks(None);
-            }
-            check(&pool, held(&allocator));
-        }
+        run_random(&pool, &cache, &mut live, seed, steps, 12 * MIB, |pool, _| check(pool, held(&allocator)));
         assert!(
             allocator.counts().lifted.load(std::sync::atomic::Ordering::Relaxed) > 0,
             "seed {seed} lifted"
@@ -205,30 +220,13 @@ fn on_the_host_backend_every_lent_byte_is_mapped_while_pages_move() {
         pool.set_growth_policy(GrowthPolicy::Segments);
         pool.set_expandable_segments(true).unwrap();
         let cache = ArenaCache::new();
-        let mut rng = seed;
-        let mut next = move || {
-            rng ^= rng << 13;
-            rng ^= rng >> 7;
-            rng ^= rng << 17;
-            rng
-        };
         let mut live = Vec::new();
-        for step in 0..steps {
-            if live.is_empty() || next() % 5 < 3 {
-                let size = 1 + (next() % (9 * MIB as u64)) as usize;
-                live.push(pool.malloc(size, ArenaKey::NULL, &cache).unwrap());
-            } else {
-                let i = (next() % live.len() as u64) as usize;
-                live.swap_remove(i);
-            }
-            if step % 40 == 0 {
-                pool.free_all_blocks(None);
-            }
-            for p in &live {
+        run_random(&pool, &cache, &mut live, seed, steps, 9 * MIB, |_, live| {
+            for p in live {
                 let (first, last) = (p.ptr(), p.ptr() + p.size() - 1);
                 assert!(vmm_access_of(first).is_some() && vmm_access_of(last).is_some(), "seed {seed}");
             }
-        }
+        });
         drop(live);
         pool.free_all_blocks(None);
         assert_eq!(pool.total_bytes(), 0);
