@@ -63,6 +63,57 @@ macro_rules! __vmm_tests {
                     }
                     assert!(B::vm_create(dev, g + 1).is_err(), "a size that is not whole granules");
                 }
+
+                fn a_stitching_pool_moves_pages_from_under_holes_and_live_memory_keeps_its_bytes() {
+                    use gpumem::core::SingleDeviceMemoryPool;
+                    const MIB: usize = 1 << 20;
+                    let dev = gpumem::Device::current().id();
+                    if !<B as Api>::CAPS.virtual_memory {
+                        let e = SingleDeviceMemoryPool::<B>::with_stitching(dev).unwrap_err();
+                        assert!(matches!(e, Error::Unsupported { .. }), "{e:?}");
+                        return;
+                    }
+                    let pool = SingleDeviceMemoryPool::<B>::with_stitching(dev).unwrap();
+                    let stream = gpumem::Stream::non_blocking().unwrap();
+                    let _on = stream.enter().unwrap();
+                    let bytes_at = |p: &gpumem::MemoryPointer, at: usize| {
+                        let mut out = [0u8; 16];
+                        (p + at as isize).copy_to_host(&mut out, 16).unwrap();
+                        out
+                    };
+                    let mut chunks: Vec<Option<gpumem::MemoryPointer>> = (0..8u8)
+                        .map(|i| {
+                            let p = pool.malloc(4 * MIB).unwrap();
+                            p.memset(i + 1, 4 * MIB).unwrap();
+                            Some(p)
+                        })
+                        .collect();
+                    let held = pool.pool().total_bytes();
+                    // A hole whose last use is still queued: the pages under it move only after it.
+                    let slow = gpumem::Stream::non_blocking().unwrap();
+                    slow.launch_host_func(|| std::thread::sleep(std::time::Duration::from_millis(200))).unwrap();
+                    let gate = gpumem::Event::new().unwrap();
+                    gate.record(Some(&slow)).unwrap();
+                    stream.wait_event(&gate).unwrap();
+                    chunks[3].as_ref().unwrap().memset_async(0xee, 4 * MIB, Some(&stream)).unwrap();
+                    for i in [1, 3, 5] {
+                        chunks[i] = None;
+                    }
+                    // Three 4 MiB holes, apart: 12 MiB fits none, so their pages move.
+                    let big = pool.malloc(12 * MIB).unwrap();
+                    big.memset(0xab, 12 * MIB).unwrap();
+                    assert_eq!(pool.pool().total_bytes(), held, "the holes' pages were moved, none made");
+                    for i in [0usize, 2, 4, 6, 7] {
+                        let p = chunks[i].as_ref().unwrap();
+                        let want = [i as u8 + 1; 16];
+                        assert_eq!((bytes_at(p, 0), bytes_at(p, 4 * MIB - 16)), (want, want), "chunk {i}");
+                    }
+                    assert_eq!((bytes_at(&big, 0), bytes_at(&big, 12 * MIB - 16)), ([0xab; 16], [0xab; 16]));
+                    drop((chunks, big));
+                    stream.synchronize().unwrap();
+                    pool.free_all_blocks(None);
+                    assert_eq!(pool.pool().total_bytes(), 0, "every page went back");
+                }
             }
         }
     };

@@ -146,6 +146,17 @@ impl<B: Runtime> SingleDeviceMemoryPool<B> {
     pub fn with_expandable_segments(device: DeviceId) -> Result<Self> {
         Self::with_allocator(device, DeviceAllocator::expandable(device)?)
     }
+
+    /// A pool for `device` with expandable segments that stitch: on a miss that would grow a
+    /// block, the pages under its free chunks move to where the request goes
+    /// ([`DeviceAllocator::stitching`]; the pool guide's "Stitching" says what it costs).
+    ///
+    /// # Errors
+    ///
+    /// As [`SingleDeviceMemoryPool::with_expandable_segments`].
+    pub fn with_stitching(device: DeviceId) -> Result<Self> {
+        Self::with_allocator(device, DeviceAllocator::stitching(device)?)
+    }
 }
 
 impl<B: Runtime, A: RawAllocator> SingleDeviceMemoryPool<B, A>
