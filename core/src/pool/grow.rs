@@ -72,6 +72,11 @@ impl<R: RawAllocator> Pool<R> {
         Ok(self.lend_from_new_block(block, block_len, size, mem_size, key, cache))
     }
 
+    /// Raises the peak of the bytes held to what is held now.
+    pub(super) fn raise_peak_total(&self) {
+        self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
+    }
+
     /// Adds raw `block`, of which the pool counts `block_len` bytes, to arena `key` and lends its
     /// first `mem_size` bytes (a request of `size`).
     pub(super) fn lend_from_new_block(

@@ -1,8 +1,9 @@
 //! Stitching (GMLake's idea, on expandable segments): when a growing block must grow, the whole
-//! pages under the arena's free chunks are lifted out of their blocks and mapped at the growing
-//! block's end, so that a request no hole fits is met by memory the pool already holds rather
-//! than by new memory. `free_all_blocks` lifts the pages under every free chunk and gives them
-//! back, so a fragmented pool returns nearly all it does not lend.
+//! pages under the arena's free chunks are lifted out of their blocks and mapped where the
+//! request goes (the growing block's end, or a range lifted before, with the free chunks beside
+//! it), so that a request no hole fits is met by memory the pool already holds rather than by new
+//! memory. `free_all_blocks` lifts the pages under every free chunk and gives them back, so a
+//! fragmented pool returns nearly all it does not lend.
 //!
 //! The cost is driver calls, a few per page moved (unmapping it, mapping it again, the access of
 //! the growth), and a wait for the work queued on the device before pages are unmapped (the raw
@@ -26,11 +27,6 @@ impl<R: RawAllocator> Drop for LiftedPages<'_, R> {
 }
 
 impl<R: RawAllocator> Pool<R> {
-    /// Raises the peak of the bytes held to what is held now.
-    pub(super) fn raise_peak_total(&self) {
-        self.shared.peak_total.fetch_max(self.total_bytes(), Ordering::Relaxed);
-    }
-
     /// Whether the pool stitches: expandable segments on an allocator that moves pages.
     pub(super) fn stitching(&self) -> bool {
         self.shared.expandable.load(Ordering::Relaxed) && self.shared.allocator.stitches()
@@ -43,8 +39,8 @@ impl<R: RawAllocator> Pool<R> {
     ///
     /// # Errors
     ///
-    /// The allocator's first error; what was lifted before it is counted and returned with it
-    /// gone from the pool's total.
+    /// The allocator's first error; what was lifted before it stays lifted, off the pool's
+    /// total.
     pub(super) fn lift_for_growth(
         &self,
         st: &mut ArenaState<R::Block>,
