@@ -80,6 +80,20 @@ fn run_random<R: RawAllocator>(
     }
 }
 
+/// Lends 1 MiB, 6 MiB, 1 MiB and a long-lived 4 MiB (12 MiB in one block), frees the 6 MiB, and
+/// asks for 10 MiB, which fits nowhere: the hole at 1..7 MiB holds pages 2..6 MiB whole, and the
+/// block's end grows with them. Returns what is still lent: the 1 MiB at 0, the 1 MiB at 7 MiB,
+/// the 4 MiB at 8 MiB and the 10 MiB.
+fn lift_a_hole<R: RawAllocator>(pool: &Pool<R>, cache: &ArenaCache) -> [PooledMemory<R>; 4] {
+    let a = pool.malloc(MIB, ArenaKey::NULL, cache).unwrap();
+    let b = pool.malloc(6 * MIB, ArenaKey::NULL, cache).unwrap();
+    let c = pool.malloc(MIB, ArenaKey::NULL, cache).unwrap();
+    let d = pool.malloc(4 * MIB, ArenaKey::NULL, cache).unwrap();
+    drop(b);
+    let e = pool.malloc(10 * MIB, ArenaKey::NULL, cache).unwrap();
+    [a, c, d, e]
+}
+
 #[test]
 fn a_request_no_hole_fits_takes_the_pages_under_the_holes() {
     let (pool, allocator, cache) = stitching();
@@ -108,15 +122,7 @@ fn a_request_no_hole_fits_takes_the_pages_under_the_holes() {
 #[test]
 fn a_lifted_range_and_the_free_chunks_beside_it_take_a_request_for_the_pages_it_lacks() {
     let (pool, allocator, cache) = stitching();
-    // 1 MiB, 6 MiB, 1 MiB, then a long-lived 4 MiB: 12 MiB in one block.
-    let a = pool.malloc(MIB, ArenaKey::NULL, &cache).unwrap();
-    let b = pool.malloc(6 * MIB, ArenaKey::NULL, &cache).unwrap();
-    let c = pool.malloc(MIB, ArenaKey::NULL, &cache).unwrap();
-    let d = pool.malloc(4 * MIB, ArenaKey::NULL, &cache).unwrap();
-    drop(b);
-    // The 6 MiB hole at 1..7 MiB holds pages 2..6 MiB whole; a 10 MiB request fits nowhere, so
-    // the block's end grows and the two pages go there.
-    let e = pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap();
+    let [a, c, d, e] = lift_a_hole(&pool, &cache);
     assert_eq!(held(&allocator), 12 * MIB + 6 * MIB, "10 MiB grown, 4 of them moved");
     check(&pool, 18 * MIB);
     // Freeing `a` and `c` leaves 0..2 free, 2..6 lifted and 6..8 free: 8 MiB of addresses, of
@@ -244,12 +250,7 @@ fn on_the_host_backend_a_lifted_range_is_mapped_again_where_a_request_goes() {
     let pool = Pool::new(0, ExpandableAllocator::<Host>::stitching(0, 256 * MIB).unwrap());
     pool.set_expandable_segments(true).unwrap();
     let cache = ArenaCache::new();
-    let a = pool.malloc(MIB, ArenaKey::NULL, &cache).unwrap();
-    let b = pool.malloc(6 * MIB, ArenaKey::NULL, &cache).unwrap();
-    let c = pool.malloc(MIB, ArenaKey::NULL, &cache).unwrap();
-    let d = pool.malloc(4 * MIB, ArenaKey::NULL, &cache).unwrap();
-    drop(b);
-    let e = pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap();
+    let [a, c, d, e] = lift_a_hole(&pool, &cache);
     assert_eq!(pool.total_bytes(), 18 * MIB);
     assert!(vmm_access_of(a.ptr() + 3 * MIB).is_none(), "the hole's whole pages were lifted");
     drop((a, c));
