@@ -29,7 +29,7 @@ SHIM=$(mktemp -d)/hip-on-cuda
 mkdir -p "$SHIM/lib"
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader
 nvcc --version | tail -1
-if ! nvcc -shared -Xcompiler -fPIC -O2 -o "$SHIM/lib/libamdhip64.so" scripts/hip-on-cuda/hip_on_cuda.c \
+if ! nvcc -shared -Xcompiler -fPIC -O2 -o "$SHIM/lib/libamdhip64.so" scripts/hip-on-cuda/hip_on_cuda.c -lcuda \
     > "$OUT/nvcc.log" 2>&1; then
     cat "$OUT/nvcc.log"
     echo "the HIP-on-CUDA shim did not build"

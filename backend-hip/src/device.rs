@@ -86,18 +86,24 @@ pub(crate) fn memory_pools_supported(dev: DeviceId) -> Result<bool> {
     Ok(supported.is_some_and(|v| v != 0))
 }
 
-/// The runtime's major version (`HIP_VERSION` is major * 10^7 + minor * 10^5 + patch), read
-/// once; HIP 5, the numbering this crate was written against, where it cannot be read.
-fn runtime_major() -> i32 {
-    static MAJOR: OnceLock<i32> = OnceLock::new();
-    *MAJOR.get_or_init(|| {
+/// The runtime's version as (major, minor) (`HIP_VERSION` is major * 10^7 + minor * 10^5 +
+/// patch), read once; HIP 5.2, the version this crate was written against, where it cannot be
+/// read.
+pub(crate) fn runtime_version() -> (i32, i32) {
+    static VERSION: OnceLock<(i32, i32)> = OnceLock::new();
+    *VERSION.get_or_init(|| {
         let mut version: c_int = 0;
         // SAFETY: `version` is a valid out-pointer.
         match unsafe { sys::hipRuntimeGetVersion(&mut version) } {
-            SUCCESS if version > 0 => version / 10_000_000,
-            _ => 5,
+            SUCCESS if version > 0 => (version / 10_000_000, version / 100_000 % 100),
+            _ => (5, 2),
         }
     })
+}
+
+/// The runtime's major version (see [`runtime_version`]).
+fn runtime_major() -> i32 {
+    runtime_version().0
 }
 
 /// Whether a pointer's memory type, as a runtime of major version `major` numbers

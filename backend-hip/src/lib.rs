@@ -89,6 +89,11 @@
 //!   reports no memory pools (or the runtime does not know the attribute), `malloc_async` is
 //!   `Unsupported`; otherwise the default pool's release threshold is raised on first use, as on
 //!   CUDA.
+//! - **Virtual memory** (expandable segments and stitching): `hipMemAddressReserve`,
+//!   `hipMemCreate`, `hipMemMap`, `hipMemSetAccess`, `hipMemUnmap`, `hipMemRelease`,
+//!   `hipMemAddressFree` and `hipMemGetAllocationGranularity`, exported from HIP 5.1 on. The
+//!   allocation properties' layout changed in HIP 5.3 and the runtime's version picks it; a
+//!   runtime that answers `hipErrorNotSupported` gets `Unsupported` (see `vmm.rs`).
 //! - **Priorities**: `hipStreamCreateWithPriority` and `hipDeviceGetStreamPriorityRange` exist;
 //!   HIP 5.2 (hipamd) has three levels and reports the range as (1, -1).
 //! - **Flags of the null stream**: HIP refuses the question (`hipErrorInvalidValue`); the default
@@ -152,6 +157,7 @@ mod graph;
 mod memory;
 mod result;
 mod stream;
+mod vmm;
 
 use std::path::Path;
 
@@ -184,7 +190,7 @@ impl Api for Hip {
         capture: false,
         stream_ordered_allocation: true,
         host_functions: true,
-        virtual_memory: false,
+        virtual_memory: true,
         peer_access: true,
     };
     type Stream = HipStream;
@@ -196,10 +202,3 @@ impl Api for Hip {
 impl Runtime for Hip {
     gpumem_core::runtime_statics!(Hip);
 }
-
-/// Virtual memory is not implemented on HIP: every operation answers `Unsupported` and
-/// `CAPS.virtual_memory` is false. (HIP 5.2's runtime, `libamdhip64.so.5.2`, does export
-/// `hipMemAddressReserve`, `hipMemAddressFree`, `hipMemCreate`, `hipMemRelease`, `hipMemMap`,
-/// `hipMemSetAccess`, `hipMemUnmap` and `hipMemGetAllocationGranularity`; they are not declared
-/// here yet, and they have never run on AMD hardware.)
-impl gpumem_core::VirtualMemoryOps for Hip {}

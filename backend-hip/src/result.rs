@@ -42,6 +42,8 @@ pub(crate) const ERROR_OUT_OF_MEMORY: Code = hipError_t::hipErrorOutOfMemory as 
 pub(crate) const ERROR_NO_DEVICE: Code = hipError_t::hipErrorNoDevice as Code;
 /// `hipErrorNotReady`.
 pub(crate) const ERROR_NOT_READY: Code = hipError_t::hipErrorNotReady as Code;
+/// `hipErrorNotSupported`.
+pub(crate) const ERROR_NOT_SUPPORTED: Code = hipError_t::hipErrorNotSupported as Code;
 /// `hipErrorPeerAccessAlreadyEnabled`.
 pub(crate) const ERROR_PEER_ACCESS_ALREADY_ENABLED: Code =
     hipError_t::hipErrorPeerAccessAlreadyEnabled as Code;
@@ -118,10 +120,11 @@ macro_rules! hip_functions {
 /// loaded it, it returns `hipErrorNotInitialized` (or a null name) without calling anything;
 /// no operation gets there, since each starts from [`init`](super::init), which loads the library first.
 pub(crate) mod sys {
-    use std::ffi::{c_char, c_int, c_uint, c_void};
+    use std::ffi::{c_char, c_int, c_uint, c_ulonglong, c_void};
 
     use hip_sys::hiprt::{
-        hipDeviceAttribute_t, hipEvent_t, hipMemPoolAttr, hipMemPool_t, hipMemcpyKind, hipStream_t,
+        hipDeviceAttribute_t, hipEvent_t, hipMemAccessDesc, hipMemPoolAttr, hipMemPool_t, hipMemcpyKind,
+        hipStream_t,
     };
 
     use super::Code;
@@ -204,6 +207,21 @@ pub(crate) mod sys {
         fn hipEventQuery(event: hipEvent_t) -> Code;
         fn hipEventSynchronize(event: hipEvent_t) -> Code;
         fn hipEventElapsedTime(ms: *mut f32, start: hipEvent_t, end: hipEvent_t) -> Code;
+
+        fn hipMemGetAllocationGranularity(granularity: *mut usize, prop: *const c_void, option: c_uint) -> Code;
+        fn hipMemAddressReserve(
+            ptr: *mut *mut c_void,
+            size: usize,
+            alignment: usize,
+            addr: *mut c_void,
+            flags: c_ulonglong
+        ) -> Code;
+        fn hipMemAddressFree(ptr: *mut c_void, size: usize) -> Code;
+        fn hipMemCreate(handle: *mut *mut c_void, size: usize, prop: *const c_void, flags: c_ulonglong) -> Code;
+        fn hipMemRelease(handle: *mut c_void) -> Code;
+        fn hipMemMap(ptr: *mut c_void, size: usize, offset: usize, handle: *mut c_void, flags: c_ulonglong) -> Code;
+        fn hipMemSetAccess(ptr: *mut c_void, size: usize, desc: *const hipMemAccessDesc, count: usize) -> Code;
+        fn hipMemUnmap(ptr: *mut c_void, size: usize) -> Code;
     }
 }
 
@@ -444,6 +462,7 @@ mod tests {
             include_str!("stream.rs"),
             include_str!("event.rs"),
             include_str!("graph.rs"),
+            include_str!("vmm.rs"),
         ];
         let mut called: Vec<&str> = Vec::new();
         for source in sources {
@@ -460,7 +479,7 @@ mod tests {
         for symbol in sys::SYMBOLS {
             assert!(called.contains(symbol), "{symbol} is probed at load time but never called");
         }
-        assert_eq!(sys::SYMBOLS.len(), 43, "the list changed: update this count with it");
+        assert_eq!(sys::SYMBOLS.len(), 51, "the list changed: update this count with it");
     }
 
     #[test]

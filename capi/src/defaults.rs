@@ -9,9 +9,11 @@
 //! that is the ABI's default:
 //!
 //! - every device's pool follows `GrowthPolicy::Segments` (`gpumem_set_growth_policy` changes it);
-//! - blocks grow in place (expandable segments) where the backend has virtual memory, unless
-//!   `GPUMEM_EXPANDABLE_SEGMENTS=0` asks for fixed blocks; `GPUMEM_EXPANDABLE_SEGMENTS=1` on a
-//!   backend without virtual memory is an error, as for the Rust pools;
+//! - blocks grow in place (expandable segments) where the backend has virtual memory and the
+//!   device offers it (one granule is mapped and given back to find out: a HIP runtime may
+//!   export the entry points and answer `hipErrorNotSupported`), unless
+//!   `GPUMEM_EXPANDABLE_SEGMENTS=0` asks for fixed blocks; `GPUMEM_EXPANDABLE_SEGMENTS=1` where
+//!   virtual memory is not offered is an error, as for the Rust pools;
 //! - `GPUMEM_STITCH=1` adds stitching: a growth first takes the pages under free chunks (each
 //!   lift waits for the device to be idle, as a shrink does here).
 //!
@@ -33,7 +35,7 @@ use std::mem::ManuallyDrop;
 
 use gpumem::core::hal::DeviceOps;
 use gpumem::core::pool::{expandable_segments_from_env, stitch_from_env, RawAllocator, RawBlock};
-use gpumem::{BaseMemory, DefaultBackend, DeviceAllocator, DeviceId, DevicePtr, GrowthPolicy, Result};
+use gpumem::{BaseMemory, DefaultBackend, DeviceAllocator, DeviceId, DevicePtr, Error, GrowthPolicy, Result};
 
 use crate::registry::FAILED;
 
@@ -137,17 +139,62 @@ impl RawAllocator for AbiAllocator {
     }
 
     fn for_device(&self, device: DeviceId) -> Result<Self> {
-        let growing = match expandable_segments_from_env()? {
-            Some(asked) => asked,
-            None => <DefaultBackend as gpumem::core::hal::Api>::CAPS.virtual_memory,
-        };
+        let asked = expandable_segments_from_env()?;
         let allocator = if stitch_from_env()? == Some(true) {
             DeviceAllocator::stitching(device)?
-        } else if growing {
+        } else if asked == Some(true) {
             DeviceAllocator::expandable(device)?
+        } else if asked.is_none() && <DefaultBackend as gpumem::core::hal::Api>::CAPS.virtual_memory {
+            growing_if_offered(device)?
         } else {
             DeviceAllocator::fixed()
         };
         Ok(AbiAllocator(allocator))
+    }
+}
+
+/// Growing blocks on `device` when its runtime offers virtual memory, else fixed blocks: the
+/// default where nobody asked. A backend may have the entry points and a device or runtime
+/// version may still refuse them (HIP answers `hipErrorNotSupported`, read as `Unsupported`), so
+/// one granule is reserved, created, mapped and given back first; an `Unsupported` answer from
+/// any of those calls falls back to fixed blocks. Any other error is the caller's.
+fn growing_if_offered(device: DeviceId) -> Result<DeviceAllocator> {
+    fixed_if_unsupported(DeviceAllocator::expandable(device).and_then(|growing| {
+        let block = growing.allocate(device, growing.granule())?;
+        drop(block);
+        Ok(growing)
+    }))
+}
+
+/// The probed allocator, or fixed blocks where the probe answered `Unsupported`.
+fn fixed_if_unsupported(probe: Result<DeviceAllocator>) -> Result<DeviceAllocator> {
+    match probe {
+        Ok(growing) => Ok(growing),
+        Err(Error::Unsupported { .. }) => Ok(DeviceAllocator::fixed()),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_unsupported_probe_falls_back_to_fixed_blocks_and_other_errors_stay() {
+        let unsupported = Err(Error::Unsupported { operation: "virtual memory", backend: "hip" });
+        let fallback = fixed_if_unsupported(unsupported).expect("fixed blocks");
+        assert!(!fallback.expandable());
+
+        let failed = Err(Error::OutOfMemory { size: 2 << 20, total: None });
+        assert!(matches!(fixed_if_unsupported(failed), Err(Error::OutOfMemory { .. })));
+    }
+
+    /// On the host backend, which offers virtual memory on every machine (a GPU backend's probe
+    /// runs in the conformance and ABI runs on the device).
+    #[cfg(not(any(feature = "cuda", feature = "hip")))]
+    #[test]
+    fn where_the_device_offers_virtual_memory_the_default_grows() {
+        let growing = growing_if_offered(0).expect("the probe");
+        assert!(growing.expandable());
     }
 }

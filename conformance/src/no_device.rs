@@ -43,7 +43,8 @@ pub fn every_call_is_refused<B: Runtime>(expected: impl Fn(&Error) -> bool) {
     check("stream_create", is(&expected, &B::stream_create(0, StreamFlags { non_blocking: true }, 0)));
     check("event_create", is(&expected, &B::event_create(0, EventFlags::default())));
     // SAFETY: the stream handles are the backend's own null, legacy and per-thread values, valid
-    // for any call; the device addresses are never touched (each call fails before using them).
+    // for any call; the device addresses and physical handles are never touched (each call fails
+    // before using them).
     unsafe {
         check("malloc_async", is(&expected, &B::malloc_async(0, 1024, null)));
         check("stream_flags", is(&expected, &B::stream_flags(0, null)));
@@ -56,6 +57,16 @@ pub fn every_call_is_refused<B: Runtime>(expected: impl Fn(&Error) -> bool) {
         check("stream_synchronize", is(&expected, &B::stream_synchronize(0, B::per_thread_stream())));
         check("memcpy", is(&expected, &B::memcpy(0, 0x1000, 0x2000, 16)));
         check("memset_async", is(&expected, &B::memset_async(0, 0x1000, 1, 16, null)));
+        if B::CAPS.virtual_memory {
+            check("vm_granularity", is(&expected, &B::vm_granularity(0)));
+            check("vm_reserve", is(&expected, &B::vm_reserve(0, 2 << 20)));
+            check("vm_create", is(&expected, &B::vm_create(0, 2 << 20)));
+            check("vm_map", is(&expected, &B::vm_map(0, 0x20_0000, 2 << 20, 1)));
+            check("vm_set_access", is(&expected, &B::vm_set_access(0, 0x20_0000, 2 << 20, &[0])));
+            check("vm_unmap", is(&expected, &B::vm_unmap(0, 0x20_0000, 2 << 20)));
+            check("vm_release", is(&expected, &B::vm_release(0, 1)));
+            check("vm_free_range", is(&expected, &B::vm_free_range(0, 0x20_0000, 2 << 20)));
+        }
         if B::CAPS.capture {
             check("begin_capture", is(&expected, &B::begin_capture(0, null, CaptureMode::Relaxed)));
             check("end_capture", is(&expected, &B::end_capture(0, null)));

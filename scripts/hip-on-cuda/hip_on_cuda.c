@@ -8,7 +8,10 @@
  * to HIP's) and callbacks receive HIP's numbering. Built as libamdhip64.so by
  * scripts/gpu-hip-tests.sh:
  *
- *   nvcc -shared -Xcompiler -fPIC -o lib/libamdhip64.so hip_on_cuda.c
+ *   nvcc -shared -Xcompiler -fPIC -o lib/libamdhip64.so hip_on_cuda.c -lcuda
+ *
+ * The virtual-memory entry points go to the driver API (cuMem*), which the runtime API lacks; the
+ * runtime's cudaSetDevice makes the device's primary context current for them.
  *
  * With -DHIP_ON_CUDA_STUB it compiles against cuda_stub.h instead of the toolkit's headers (a
  * syntax check on machines without CUDA; the result does not run).
@@ -21,6 +24,7 @@
 #ifdef HIP_ON_CUDA_STUB
 #include "cuda_stub.h"
 #else
+#include <cuda.h>
 #include <cuda_runtime_api.h>
 #endif
 
@@ -404,4 +408,98 @@ EXPORT hipError_t hipEventQuery(hipEvent_t event) { return to_hip(cudaEventQuery
 EXPORT hipError_t hipEventSynchronize(hipEvent_t event) { return to_hip(cudaEventSynchronize((cudaEvent_t)event)); }
 EXPORT hipError_t hipEventElapsedTime(float *ms, hipEvent_t start, hipEvent_t end) {
     return to_hip(cudaEventElapsedTime(ms, (cudaEvent_t)start, (cudaEvent_t)end));
+}
+
+/* Virtual memory, on the driver API. HIP 5.2's types: hipMemAllocationProp in 5.2's layout (5.3
+ * changed it to CUDA's), the handle as a pointer holding CUDA's handle value. Location type
+ * Device is 1 and access ReadWrite is 3 in both; the handle type None and allocation type Pinned
+ * are 0 and 1 in both. CUresult's numbers for these calls' failures are the runtime's. */
+
+typedef struct {
+    int type;
+    int id;
+} hipMemLocation;
+typedef struct {
+    unsigned char compressionType;
+    hipMemLocation location;
+    int requestedHandleType;
+    int type;
+    unsigned short usage;
+    void *win32HandleMetaData;
+} hipMemAllocationProp;
+typedef struct {
+    hipMemLocation location;
+    int flags;
+} hipMemAccessDesc;
+typedef void *hipMemGenericAllocationHandle_t;
+
+static hipError_t from_driver(CUresult r) { return to_hip((cudaError_t)r); }
+
+/* CUDA's properties for HIP 5.2's: pinned device memory at the same location. */
+static CUmemAllocationProp cuda_properties(const hipMemAllocationProp *p) {
+    CUmemAllocationProp prop;
+    memset(&prop, 0, sizeof prop);
+    prop.type = (CUmemAllocationType)p->type;
+    prop.requestedHandleTypes = (CUmemAllocationHandleType)p->requestedHandleType;
+    prop.location.type = (CUmemLocationType)p->location.type;
+    prop.location.id = p->location.id;
+    prop.allocFlags.compressionType = p->compressionType;
+    prop.allocFlags.usage = p->usage;
+    return prop;
+}
+
+EXPORT hipError_t hipMemGetAllocationGranularity(size_t *granularity, const hipMemAllocationProp *prop, int option) {
+    if (prop == NULL) {
+        return 1;
+    }
+    CUmemAllocationProp cu = cuda_properties(prop);
+    return from_driver(cuMemGetAllocationGranularity(granularity, &cu, (CUmemAllocationGranularity_flags)option));
+}
+EXPORT hipError_t hipMemAddressReserve(void **ptr, size_t size, size_t alignment, void *addr, unsigned long long flags) {
+    CUdeviceptr out = 0;
+    CUresult r = cuMemAddressReserve(&out, size, alignment, (CUdeviceptr)(uintptr_t)addr, flags);
+    if (r == CUDA_SUCCESS) {
+        *ptr = (void *)(uintptr_t)out;
+    }
+    return from_driver(r);
+}
+EXPORT hipError_t hipMemAddressFree(void *ptr, size_t size) {
+    return from_driver(cuMemAddressFree((CUdeviceptr)(uintptr_t)ptr, size));
+}
+EXPORT hipError_t hipMemCreate(hipMemGenericAllocationHandle_t *handle, size_t size, const hipMemAllocationProp *prop,
+                               unsigned long long flags) {
+    if (prop == NULL) {
+        return 1;
+    }
+    CUmemAllocationProp cu = cuda_properties(prop);
+    CUmemGenericAllocationHandle out = 0;
+    CUresult r = cuMemCreate(&out, size, &cu, flags);
+    if (r == CUDA_SUCCESS) {
+        *handle = (hipMemGenericAllocationHandle_t)(uintptr_t)out;
+    }
+    return from_driver(r);
+}
+EXPORT hipError_t hipMemRelease(hipMemGenericAllocationHandle_t handle) {
+    return from_driver(cuMemRelease((CUmemGenericAllocationHandle)(uintptr_t)handle));
+}
+EXPORT hipError_t hipMemMap(void *ptr, size_t size, size_t offset, hipMemGenericAllocationHandle_t handle,
+                            unsigned long long flags) {
+    return from_driver(
+        cuMemMap((CUdeviceptr)(uintptr_t)ptr, size, offset, (CUmemGenericAllocationHandle)(uintptr_t)handle, flags));
+}
+EXPORT hipError_t hipMemSetAccess(void *ptr, size_t size, const hipMemAccessDesc *desc, size_t count) {
+    if (count > 64) {
+        return 1;
+    }
+    CUmemAccessDesc cu[64];
+    for (size_t i = 0; i < count; i++) {
+        memset(&cu[i], 0, sizeof cu[i]);
+        cu[i].location.type = (CUmemLocationType)desc[i].location.type;
+        cu[i].location.id = desc[i].location.id;
+        cu[i].flags = (CUmemAccess_flags)desc[i].flags;
+    }
+    return from_driver(cuMemSetAccess((CUdeviceptr)(uintptr_t)ptr, size, cu, count));
+}
+EXPORT hipError_t hipMemUnmap(void *ptr, size_t size) {
+    return from_driver(cuMemUnmap((CUdeviceptr)(uintptr_t)ptr, size));
 }
