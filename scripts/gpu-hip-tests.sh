@@ -9,7 +9,8 @@
 #   STAGE_DIR=.gpu/auto-tests bash scripts/stage-tests.sh -p gpumem-auto --features cuda,hip
 # and sending .gpu/ along. Logs go to $OUT (or /tmp/gpumem-hip-tests).
 #
-# 1. Builds the shim: nvcc -shared -Xcompiler -fPIC -> $SHIM/lib/libamdhip64.so, found first
+# 1. Builds the shim: nvcc -shared -Xcompiler -fPIC ... -lcuda (its virtual-memory calls are the
+#    driver API's) -> $SHIM/lib/libamdhip64.so, found first
 #    through HIP_PATH=$SHIM (gpumem-hip looks under $HIP_PATH/lib before the search path) and
 #    LD_LIBRARY_PATH.
 # 2. Runs gpumem-hip's tests (its conformance suite included) with --include-ignored and

@@ -123,7 +123,8 @@
 //!
 //! `scripts/hip-on-cuda/` holds a small `libamdhip64.so` written on the CUDA runtime (for
 //! testing only): it exports every entry point this crate calls with HIP 5.2's ABI and
-//! translates status codes both ways. `scripts/gpu-hip-tests.sh` builds it with nvcc on an
+//! translates status codes both ways (the virtual-memory calls go to the driver's `cuMem*`, with
+//! HIP 5.2's allocation properties, so the 5.3 layout is checked only by a layout test). `scripts/gpu-hip-tests.sh` builds it with nvcc on an
 //! NVIDIA machine and runs this crate's tests and its conformance suite through it
 //! (`GPUMEM_REQUIRE_DEVICE=1`, `--include-ignored`), then under compute-sanitizer's memcheck. That
 //! checks this crate's own logic (argument passing, the entry-point table, code mapping, the
@@ -135,6 +136,7 @@
 //!   priority range ((1, -1) on HIP 5.2, CUDA's (0, -5) through the shim);
 //! - AMD devices' attributes (gfx architecture as "compute capability", memory-pool support and
 //!   its release threshold on ROCm, unified addressing on every ROCm process);
+//! - whether an AMD device and runtime offer virtual memory at all, and its granule there;
 //! - the codes AMD's runtime actually returns (the shim returns CUDA's translated, and answers
 //!   `hipErrorInvalidValue` for unregistered host pointers and the null stream's flags as HIP 5
 //!   does by design, not by observation), and `hipGetErrorString`'s texts (CUDA's, through the
