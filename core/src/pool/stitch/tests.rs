@@ -120,6 +120,30 @@ fn a_request_no_hole_fits_takes_the_pages_under_the_holes() {
 }
 
 #[test]
+fn a_stitching_block_grows_by_what_its_tail_lacks_where_expandable_segments_take_a_step() {
+    // A 24 MiB chunk fills its block; a request of 3 MiB finds no free byte. The tail lacks two
+    // pages: the stitching pool maps those two, where expandable segments alone grow a
+    // large request's block by at least 20 MiB (the excess is held at the peak).
+    for (stitch, grown) in [(true, 4 * MIB), (false, 20 * MIB)] {
+        let allocator = if stitch {
+            CountingAllocator::stitching(2 * MIB)
+        } else {
+            CountingAllocator::expandable(2 * MIB)
+        };
+        let pool = Pool::new(0, allocator.clone());
+        pool.set_growth_policy(GrowthPolicy::Segments);
+        pool.set_expandable_segments(true).unwrap();
+        let cache = ArenaCache::new();
+        let full = pool.malloc(24 * MIB, ArenaKey::NULL, &cache).unwrap();
+        let before = held(&allocator);
+        let third = pool.malloc(3 * MIB, ArenaKey::NULL, &cache).unwrap();
+        assert_eq!(held(&allocator) - before, grown, "stitching: {stitch}");
+        drop((full, third));
+        pool.free_all_blocks(None);
+    }
+}
+
+#[test]
 fn a_lifted_range_and_the_free_chunks_beside_it_take_a_request_for_the_pages_it_lacks() {
     let (pool, allocator, cache) = stitching();
     let [a, c, d, e] = lift_a_hole(&pool, &cache);
