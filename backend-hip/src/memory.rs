@@ -23,7 +23,7 @@ use crate::Hip;
 
 /// A gpumem address as the pointer HIP takes.
 #[inline]
-fn dptr(ptr: DevicePtr) -> *mut c_void {
+pub(crate) fn dptr(ptr: DevicePtr) -> *mut c_void {
     ptr as *mut c_void
 }
 

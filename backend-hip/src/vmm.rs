@@ -22,7 +22,7 @@
 use std::ffi::{c_uint, c_void};
 use std::ptr;
 
-use gpumem_core::{DeviceId, DevicePtr, Error, PhysicalHandle, Result, VirtualMemoryOps};
+use gpumem_core::{DeviceId, DevicePtr, PhysicalHandle, Result, VirtualMemoryOps};
 use hip_sys::hiprt::{
     hipMemAccessDesc, hipMemAccessFlags, hipMemAllocationGranularity_flags, hipMemAllocationHandleType,
     hipMemAllocationProp, hipMemAllocationProp__bindgen_ty_1, hipMemAllocationType, hipMemLocation,
@@ -30,6 +30,7 @@ use hip_sys::hiprt::{
 };
 
 use crate::device::{make_current, runtime_version};
+use crate::memory::dptr;
 use crate::result::{self, check_alloc, sys, Code, ERROR_NOT_SUPPORTED, SUCCESS};
 use crate::Hip;
 
@@ -112,11 +113,6 @@ fn check_vm_alloc(api: &'static str, code: Code, size: usize) -> Result<()> {
     }
 }
 
-/// A gpumem address as the pointer HIP takes.
-fn dptr(ptr: DevicePtr) -> *mut c_void {
-    ptr as *mut c_void
-}
-
 impl VirtualMemoryOps for Hip {
     fn vm_granularity(dev: DeviceId) -> Result<usize> {
         make_current(dev)?;
@@ -128,15 +124,6 @@ impl VirtualMemoryOps for Hip {
         check_vm("hipMemGetAllocationGranularity", unsafe {
             sys::hipMemGetAllocationGranularity(&mut granularity, prop.as_ptr(), option)
         })?;
-        if granularity == 0 {
-            return Err(Error::backend(
-                "hip",
-                "hipMemGetAllocationGranularity",
-                0,
-                "hipSuccess",
-                "the runtime answered a granularity of 0",
-            ));
-        }
         Ok(granularity)
     }
 

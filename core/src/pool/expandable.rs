@@ -28,7 +28,7 @@ use std::sync::{Arc, Weak};
 
 use parking_lot::Mutex;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr, PhysicalHandle, VirtualMemoryOps};
 
 use super::raw::{RawAllocator, RawBlock};
@@ -161,9 +161,20 @@ impl<B: VirtualMemoryOps + 'static> ExpandableAllocator<B> {
     ///
     /// # Errors
     ///
-    /// `Unsupported` where the backend has no virtual memory; the runtime's error.
+    /// `Unsupported` where the backend has no virtual memory; `Backend` for a granule of 0; the
+    /// runtime's error.
     pub fn new(device: DeviceId, reserve: usize) -> Result<Self> {
         let granule = B::vm_granularity(device)?;
+        if granule == 0 {
+            // Every size here is a multiple of the granule: a runtime's 0 is refused, not divided by.
+            return Err(Error::backend(
+                B::NAME,
+                "vm_granularity",
+                0,
+                "granularity 0",
+                "the runtime answered a granularity of 0",
+            ));
+        }
         let peers = granted()
             .lock()
             .iter()

@@ -56,8 +56,7 @@ impl<B: Runtime> DeviceAllocator<B> {
     ///
     /// `Unsupported` where the backend has no virtual memory; the runtime's error.
     pub fn expandable(device: DeviceId) -> Result<Self> {
-        let total = B::device_properties(device)?.total_memory;
-        let reserve = DEFAULT_RESERVE.min(total.max(1));
+        let reserve = reserve_for::<B>(device)?;
         Ok(DeviceAllocator { mode: Mode::Growing(Arc::new(ExpandableAllocator::new(device, reserve)?)) })
     }
 
@@ -70,12 +69,18 @@ impl<B: Runtime> DeviceAllocator<B> {
     ///
     /// As [`DeviceAllocator::expandable`].
     pub fn stitching(device: DeviceId) -> Result<Self> {
-        let total = B::device_properties(device)?.total_memory;
-        let reserve = DEFAULT_RESERVE.min(total.max(1));
+        let reserve = reserve_for::<B>(device)?;
         Ok(DeviceAllocator {
             mode: Mode::Growing(Arc::new(ExpandableAllocator::stitching(device, reserve)?)),
         })
     }
+}
+
+/// The address space each growing block of `device` reserves: [`DEFAULT_RESERVE`] or the device's
+/// memory, whichever is less.
+fn reserve_for<B: Runtime>(device: DeviceId) -> Result<usize> {
+    let total = B::device_properties(device)?.total_memory;
+    Ok(DEFAULT_RESERVE.min(total.max(1)))
 }
 
 impl<B: Runtime> Default for DeviceAllocator<B> {
