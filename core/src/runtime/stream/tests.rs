@@ -201,8 +201,11 @@ fn another_stream_waits_once_for_work_queued_with_no_event() {
         }
     });
     assert_eq!(probe::waits() - waits, 1, "one wait for the owner's work");
-    // One event for each operation (what it keeps), and the one recorded on the owner's stream.
-    assert_eq!(ours.events, (OPS + 1) as f64 / OPS as f64, "{ours:?}");
+    // One event for each operation (what it keeps), and at most one recorded on the owner's
+    // stream: none when another test's thread, releasing a block of the same device
+    // (`wait_unrecorded`), recorded it first (the registry is the process's).
+    let per_op = OPS as f64;
+    assert!((per_op..=per_op + 1.0).contains(&(ours.events * per_op)), "{ours:?}");
     p.memset_async(2, SIZE, Some(&owner)).unwrap();
     p.memset_async(3, SIZE, Some(&s)).unwrap();
     assert_eq!(probe::waits() - waits, 2, "new work on the owner's stream is waited for again");
