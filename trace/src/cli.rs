@@ -78,8 +78,9 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Replays the trace through every growth policy, with fixed blocks and with expandable
-    /// segments (and sharing across streams for a trace of several), and names the set-up that
+    /// Replays the trace through every growth policy, with fixed blocks, with expandable
+    /// segments and with stitching (and sharing across streams for a trace of several), and
+    /// names the set-up that
     /// holds the least without buying it with raw calls, with what each costs.
     Recommend {
         /// The trace (`-` for standard input).

@@ -7,7 +7,11 @@
 //! through every growth policy, with fixed blocks and with expandable segments (and, for a trace
 //! of several streams, with sharing across streams too), and each set-up's cost is reported: the
 //! peak held over the peak in use, the raw calls (each a driver call on a device, tens to
-//! hundreds of microseconds: ANCHORS.md), and the time the replay took on this machine.
+//! hundreds of microseconds: ANCHORS.md), and the time the replay took on this machine. The
+//! policies that grow blocks in place are also replayed with stitching (`GPUMEM_STITCH=1`): its
+//! raw calls count each lift of pages as a raw free and each mapping of lifted pages again as a
+//! raw allocation, and a loop that keeps moving pages pays them in every iteration (its cost on
+//! a device, measured: BENCHMARKS.md).
 //!
 //! A trace whose program marked its iterations (`step` lines: `gpumem_step`) is replayed once
 //! more per set-up with the plan learned from the loop (`Pool::step` at each mark), as a
@@ -39,6 +43,8 @@ pub struct Candidate {
     pub expandable: bool,
     /// Free memory is lent across the trace's streams.
     pub share_across_streams: bool,
+    /// Growths first take the pages under free chunks (stitching, `GPUMEM_STITCH=1`).
+    pub stitch: bool,
     /// The pool planned from the loop (`Pool::step` at the trace's `step` lines).
     pub planned: bool,
     /// The pool planned from the loop with the iterations found from the allocations
@@ -65,6 +71,9 @@ impl Candidate {
         let mut s = self.policy.to_owned();
         if self.expandable {
             s.push_str(" + expandable");
+        }
+        if self.stitch {
+            s.push_str(" + stitching");
         }
         if self.share_across_streams {
             s.push_str(" + shared");
@@ -116,20 +125,24 @@ pub fn recommend_marked(steps: &[Step], marks: &[usize]) -> Result<Recommendatio
     let mut candidates = Vec::new();
     for &(plan, plan_automatically) in planning {
         for policy in gpumem::GrowthPolicy::ALL {
-            for expandable in [false, true] {
+            // (expandable, stitching): stitching only where blocks grow in place
+            // (`HoldPeakInUse` never grows one) and with no plan (a plan's block is never lifted).
+            let stitching = policy != gpumem::GrowthPolicy::HoldPeakInUse && !plan && !plan_automatically;
+            let layouts: &[(bool, bool)] = if stitching {
+                &[(false, false), (true, false), (true, true)]
+            } else {
+                &[(false, false), (true, false)]
+            };
+            for &(expandable, stitch) in layouts {
                 for &share_across_streams in sharing {
                     let start = Instant::now();
-                    let options = ReplayOptions {
-                        expandable,
-                        share_across_streams,
-                        plan,
-                        plan_automatically,
-                        stitch: false,
-                    };
+                    let options =
+                        ReplayOptions { expandable, share_across_streams, plan, plan_automatically, stitch };
                     let result = replay::replay_marked(steps, marks, policy, options)?;
                     candidates.push(Candidate {
                         policy: policy.name(),
                         expandable,
+                        stitch,
                         share_across_streams,
                         planned: plan,
                         planned_automatically: plan_automatically,
@@ -209,6 +222,9 @@ fn how_to_set(c: &Candidate) -> String {
     } else {
         ", GPUMEM_EXPANDABLE_SEGMENTS=0"
     });
+    if c.stitch {
+        s.push_str(", GPUMEM_STITCH=1");
+    }
     if c.share_across_streams {
         s.push_str(", GPUMEM_SHARE_ACROSS_STREAMS=1");
     }
@@ -241,9 +257,12 @@ mod tests {
         let r = recommend(&steps).unwrap();
         assert_eq!(
             r.candidates.len(),
-            16,
-            "4 policies, fixed and expandable, one stream, planned automatically or not"
+            19,
+            "4 policies, fixed and expandable, one stream, planned automatically or not, and the three \
+             policies that grow blocks with stitching, unplanned"
         );
+        assert_eq!(r.candidates.iter().filter(|c| c.stitch).count(), 3);
+        assert!(r.candidates.iter().filter(|c| c.stitch).all(|c| c.expandable && !c.planned_automatically));
         assert_eq!(r.candidates.iter().filter(|c| c.planned_automatically).count(), 8);
         let best = &r.candidates[r.best.unwrap()];
         let fewest = r.candidates.iter().map(|c| c.raw_calls).min().unwrap();
@@ -290,6 +309,12 @@ mod tests {
             let cupy = r.candidates.iter().find(|c| c.setup() == "cache_until_out_of_memory").unwrap();
             println!("{name}:\n{}", r.render());
             assert!(best.result.peak_held <= cupy.result.peak_held, "{name}");
+            let held =
+                |setup: &str| r.candidates.iter().find(|c| c.setup() == setup).unwrap().result.peak_held;
+            assert!(
+                held("segments + expandable + stitching") <= held("segments + expandable"),
+                "{name}: stitching holds no more than the blocks it lifts pages from"
+            );
         }
     }
 
@@ -313,7 +338,7 @@ mod tests {
             .collect();
         let r = recommend_marked(&steps, &marks).unwrap();
         println!("GPT-2 training, last step repeated to ten:\n{}", r.render());
-        assert_eq!(r.candidates.len(), 16);
+        assert_eq!(r.candidates.len(), 19);
         let planned =
             r.candidates.iter().find(|c| c.setup() == "cache_until_out_of_memory + planned").unwrap();
         assert!(planned.result.ratio <= 1.02, "{}", planned.result.ratio);
@@ -328,7 +353,7 @@ mod tests {
             Step::Free { id: 0 },
             Step::Free { id: 1 },
         ];
-        assert_eq!(recommend(&steps).unwrap().candidates.len(), 32);
+        assert_eq!(recommend(&steps).unwrap().candidates.len(), 38);
         let empty = recommend(&[]).unwrap();
         assert_eq!(empty.best, None);
         assert!(empty.render().contains("nothing to recommend"));

@@ -59,7 +59,7 @@ fn a_recorded_loop_replays_with_the_plan_the_pool_made() {
     );
 
     let r = recommend::recommend_marked(&steps, &marks).unwrap();
-    assert_eq!(r.candidates.len(), 16, "every set-up, with the plan and without");
+    assert_eq!(r.candidates.len(), 19, "every set-up, with the plan and without, and stitching unplanned");
     assert!(r.candidates.iter().any(|c| c.planned && c.setup().ends_with(" + planned")));
     let text = r.render();
     assert!(text.contains("cache_until_out_of_memory + planned"), "{text}");
