@@ -40,8 +40,19 @@ if [ "$PART" != programs ]; then
     "$BIN" --sweep-seeds 50 > "$D/sweep/gpumem.txt" 2>&1
     "$BIN" --write-seeds "$D/sweep" 50
     PYTHONUNBUFFERED=1 python3 bench/seed_sweep.py "$D/sweep" 50 > "$D/sweep/anchors.txt" 2>&1
+    # Each trace's peak in use, for the table's bytes (the traces are not kept).
+    python3 -c '
+import json, os, sys
+sys.path.insert(0, "bench")
+import anchors
+d = sys.argv[1]
+use = {n: anchors.peak_in_use(anchors.read_trace(os.path.join(d, n + ".trace"))[0]) for n in ("random", "training", "bert")}
+use["random_one_stream"] = use["random"]
+json.dump(use, open(os.path.join(d, "in_use.json"), "w"))
+' "$D"
     rm -f "$D"/*.trace "$D"/sweep/*.trace
 fi
 if [ "$PART" != replays ]; then
     RUNS="torch torch-expandable default stitch" OUT="$OUT/programs" bash bench/pytorch-programs.sh
 fi
+python3 bench/memory_table.py "$OUT" | tee "$OUT/memory-table.md"
