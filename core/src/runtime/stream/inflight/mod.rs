@@ -586,8 +586,8 @@ pub(crate) fn collect<B: Runtime>() {
             let mut released: Vec<Keeps<B>> = Vec::with_capacity(entries.len);
             let queues = &mut *entries;
             // A stream's events complete in order, so the finished entries are a prefix of its
-            // queue: one query when the newest has finished (the work kept up), else a binary
-            // search, a few queries however many entries wait. That holds when
+            // queue: found with a binary search, a few queries however many entries wait (the
+            // work usually runs a little behind, so the newest has not finished). That holds when
             // every entry is of one stream, which only lasting streams guarantee: a foreign
             // stream's handle may have passed to a new stream since. Otherwise a pass asks once
             // per finished entry and once more.
@@ -622,15 +622,10 @@ pub(crate) fn collect<B: Runtime>() {
 }
 
 /// How many entries at the front of `queue` are done, by a binary search with `done` (which holds
-/// for a prefix of the queue). The newest entry is asked first: work that keeps up with the host
-/// has finished it, and one query then releases the whole queue.
+/// for a prefix of the queue).
 pub(super) fn finished_prefix<T>(queue: &VecDeque<T>, done: impl Fn(&T) -> bool) -> usize {
-    let Some(newest) = queue.back() else { return 0 };
-    if done(newest) {
-        return queue.len();
-    }
     // Invariant: the first `low` entries are done, those from `high` on are not.
-    let (mut low, mut high) = (0, queue.len() - 1);
+    let (mut low, mut high) = (0, queue.len());
     while low < high {
         let mid = low + (high - low) / 2;
         if done(&queue[mid]) {
