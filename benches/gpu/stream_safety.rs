@@ -1,7 +1,9 @@
 //! What stream safety costs an eager operation: `memset_async` and `copy_from_device_async`
 //! through the typed API, on the memory's own stream and on another one, each beside the raw
 //! driver call and the raw call followed by one event record (what an order between two streams
-//! needs at least), in one run.
+//! needs at least), in one run. A third anchor records each operation into an event of a ring of
+//! [`RING`], as gpumem records each kept operation into an event of its own: what recording into
+//! many events, rather than one, costs the driver.
 
 use gpumem::core::{EventFlags, EventOps, MemoryOps};
 use gpumem::{DefaultBackend as B, MemoryPointer, Stream};
@@ -11,6 +13,17 @@ use crate::timing::{dev, device_ms_pair};
 
 const OPS: usize = 1000;
 const SIZE: usize = 64 << 10;
+/// The events the third anchor records into in turn (gpumem keeps up to 16 entries waiting before
+/// it releases finished ones, more while work runs behind).
+const RING: usize = 32;
+
+/// What the raw anchor records after each operation.
+#[derive(Clone, Copy, PartialEq)]
+enum Record {
+    Nothing,
+    OneEvent,
+    Ring,
+}
 
 #[cfg_attr(all(feature = "hip", not(feature = "cuda")), allow(unreachable_code, unused_variables))]
 pub(crate) fn stream_safety(report: &mut Report) {
@@ -25,7 +38,14 @@ pub(crate) fn stream_safety(report: &mut Report) {
     };
     let other = (gpumem::alloc(OPS * SIZE).unwrap(), gpumem::alloc(OPS * SIZE).unwrap());
     let (d, h) = (dev(), s.handle());
-    let event = B::event_create(d, EventFlags { disable_timing: true, ..EventFlags::default() }).unwrap();
+    let flags = EventFlags { disable_timing: true, ..EventFlags::default() };
+    let event = B::event_create(d, flags).unwrap();
+    let ring: Vec<_> = (0..RING).map(|_| B::event_create(d, flags).unwrap()).collect();
+    let event_of = |record: Record, i: usize| match record {
+        Record::Nothing => None,
+        Record::OneEvent => Some(&event),
+        Record::Ring => Some(&ring[i % RING]),
+    };
     for (whose, (dst, src)) in [("its own stream", &own), ("another stream", &other)] {
         let at = |p: &MemoryPointer, i: usize| p + (i * SIZE) as isize;
         let memset = || {
@@ -33,14 +53,14 @@ pub(crate) fn stream_safety(report: &mut Report) {
                 at(dst, i).memset_async(i as u8, SIZE, Some(&s)).unwrap();
             }
         };
-        let raw_memset = |record: bool| {
+        let raw_memset = |record: Record| {
             for i in 0..OPS {
                 // SAFETY: the range lies in `dst`, alive until the work is done (`device_ms_pair`
                 // synchronises the stream); `h` is the live stream `s`.
                 unsafe {
                     B::memset_async(d, dst.ptr() + i * SIZE, i as u8, SIZE, h).unwrap();
-                    if record {
-                        B::event_record(d, &event, h).unwrap();
+                    if let Some(e) = event_of(record, i) {
+                        B::event_record(d, e, h).unwrap();
                     }
                 }
             }
@@ -50,20 +70,24 @@ pub(crate) fn stream_safety(report: &mut Report) {
                 at(dst, i).copy_from_device_async(&at(src, i), SIZE, Some(&s)).unwrap();
             }
         };
-        let raw_copy = |record: bool| {
+        let raw_copy = |record: Record| {
             for i in 0..OPS {
                 // SAFETY: as above, for both ranges.
                 unsafe {
                     B::memcpy_async(d, dst.ptr() + i * SIZE, src.ptr() + i * SIZE, SIZE, h).unwrap();
-                    if record {
-                        B::event_record(d, &event, h).unwrap();
+                    if let Some(e) = event_of(record, i) {
+                        B::event_record(d, e, h).unwrap();
                     }
                 }
             }
         };
         let per_op = |ms: f64| ms * 1e3 / OPS as f64;
-        for record in [false, true] {
-            let plus = if record { " + cuEventRecord" } else { "" };
+        for record in [Record::Nothing, Record::OneEvent, Record::Ring] {
+            let plus = match record {
+                Record::Nothing => String::new(),
+                Record::OneEvent => " + cuEventRecord".to_owned(),
+                Record::Ring => format!(" + cuEventRecord, a ring of {RING} events"),
+            };
             let (ours, raw) = device_ms_pair(&s, memset, || raw_memset(record));
             report.add(
                 "stream safety",
@@ -87,4 +111,7 @@ pub(crate) fn stream_safety(report: &mut Report) {
         }
     }
     B::event_destroy(d, event).unwrap();
+    for e in ring {
+        B::event_destroy(d, e).unwrap();
+    }
 }
