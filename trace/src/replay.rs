@@ -114,6 +114,10 @@ pub struct ReplayResult {
     /// Raw frees the pool made while the trace ran (not counting those of dropping the pool at
     /// the end).
     pub raw_frees: u64,
+    /// The driver calls a device would have made, the pool's drop at the end not counted: one
+    /// per raw allocation or free of a fixed block; with growing blocks, each page's creation,
+    /// mapping, access and their undoing (the pool's `trace::DriverCalls`).
+    pub driver_calls: u64,
     /// Allocations served by another stream's free chunk (with
     /// [`ReplayOptions::share_across_streams`]; 0 otherwise).
     pub lent_across_streams: u64,
@@ -275,6 +279,7 @@ fn replay_counted(
         ratio: r.ratio(),
         raw_allocs: r.raw_allocs as u64,
         raw_frees: r.raw_frees as u64,
+        driver_calls: r.driver_calls as u64,
         lent_across_streams: r.lent_across_streams as u64,
         plan,
     })
@@ -331,13 +336,16 @@ where
     drop(pool);
     let peak_in_use = peak_in_use(steps);
     let peak_held = counter.peak.load(Ordering::Relaxed) as u64;
+    let raw_allocs = counter.allocs.load(Ordering::Relaxed) as u64;
     Ok(ReplayResult {
         policy: policy.name(),
         peak_held,
         peak_in_use,
         ratio: if peak_in_use == 0 { 0.0 } else { peak_held as f64 / peak_in_use as f64 },
-        raw_allocs: counter.allocs.load(Ordering::Relaxed) as u64,
+        raw_allocs,
         raw_frees,
+        // Fixed blocks: one driver call per raw allocation or free.
+        driver_calls: raw_allocs + raw_frees,
         lent_across_streams,
         plan: None,
     })
