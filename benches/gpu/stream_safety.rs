@@ -13,8 +13,8 @@ use crate::timing::{dev, device_ms_pair};
 
 const OPS: usize = 1000;
 const SIZE: usize = 64 << 10;
-/// The events the third anchor records into in turn (gpumem keeps up to 16 entries waiting before
-/// it releases finished ones, more while work runs behind).
+/// The events the third anchor records into in turn (gpumem records each kept operation into an
+/// event of its own, and reuses those of released entries).
 const RING: usize = 32;
 
 /// What the raw anchor records after each operation.

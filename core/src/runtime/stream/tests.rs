@@ -218,8 +218,9 @@ fn another_stream_waits_once_for_work_queued_with_no_event() {
 
 /// Work that cannot finish (its stream waits in a host function) lets operations pile up: each
 /// release finds nothing finished, so the next one waits until twice as many wait, and queueing
-/// stays at about one lock per operation (it was two once 16 waited: every operation released).
-/// The memory is the null stream's, so that the work on `s` is kept and recorded.
+/// stays at about one lock per operation (it was two once the first release was due: every
+/// operation released). Eight times 256 operations, so that several releases come due. The
+/// memory is the null stream's, so that the work on `s` is kept and recorded.
 #[test]
 fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
     let s = Stream::<Host>::non_blocking().unwrap();
@@ -234,9 +235,10 @@ fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
         }
     })
     .unwrap();
-    let behind = cost(OPS, || {
-        for i in 0..OPS {
-            at(&p, i).memset_async(1, SIZE, Some(&s)).unwrap();
+    const ROUNDS: usize = 8;
+    let behind = cost(ROUNDS * OPS, || {
+        for i in 0..ROUNDS * OPS {
+            at(&p, i % OPS).memset_async(1, SIZE, Some(&s)).unwrap();
         }
     });
     *gate.0.lock().unwrap() = true;

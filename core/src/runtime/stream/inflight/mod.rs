@@ -248,8 +248,12 @@ impl<B: Runtime> Queues<B> {
 /// How many entries may wait before an operation being queued releases the finished ones
 /// (`synchronize`, a pool about to grow and a synchronous access on the same bytes release them
 /// at once); more while work runs far behind (see `InFlight::collect_at`). Asking the runtime
-/// about events on every operation would cost a query each.
-const COLLECT_AT: usize = 16;
+/// about events on every operation would cost a query each, and each release asks a few (a
+/// binary search of a stream's queue): at 16, eager operations on another stream's memory cost
+/// 0.61-0.85 µs over the raw call and an event record on an H100, at 256 0.18-0.32 µs
+/// (BENCHMARKS.md, "Stream safety"). What waits is released no later than before where memory
+/// is short: the pool releases it before it grows.
+const COLLECT_AT: usize = 256;
 
 /// What a capture begun by gpumem collects for its graph.
 pub(crate) struct CaptureRecord<B: Runtime> {
