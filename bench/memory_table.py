@@ -45,6 +45,11 @@ def gb(n):
     return f"{n / 1e9:.3f} GB"
 
 
+def missing(workload, column):
+    """The row of an allocator the run has no figures for."""
+    return f"| {workload} | {column} | - | - | - | - | - | - | - |"
+
+
 def program_rows(path):
     """The programs: PyTorch's runs with their own peak in use; gpumem's over PyTorch expandable
     segments' (its own count is of rounded sizes, see bench/pytorch_programs.py)."""
@@ -60,7 +65,7 @@ def program_rows(path):
         for label, _, column in ALLOCATORS:
             r = runs.get(label)
             if r is None or not (r["peak_in_use"] or reference):
-                yield f"| {name} | {column} | - | - | - | - | - | - | - |"
+                yield missing(name, column)
                 continue
             held = r["peak_held"]
             in_use = r["peak_in_use"] or reference
@@ -88,13 +93,13 @@ def replay_rows(directory):
         use = in_use.get(trace.replace(" ", "_"))
         if use is None:
             continue
-        ratio = lambda who: float(cells[(trace, who)][0]) if (trace, who) in cells else None  # noqa: E731
-        exp = ratio(ALLOCATORS[1][1])
+        expandable = cells.get((trace, ALLOCATORS[1][1]))
+        exp = float(expandable[0]) if expandable and expandable[0] != "-" else None
         default_ms = cells.get((trace, ALLOCATORS[0][1]), [None] * 7)[5]
         for _, who, column in ALLOCATORS:
             c = cells.get((trace, who))
             if c is None or c[0] == "-":
-                yield f"| {name} | {column} | - | - | - | - | - | - | - |"
+                yield missing(name, column)
                 continue
             r = float(c[0])
             waste = f"{(r - 1) / (exp - 1):.2f}x" if exp and exp > 1 else "-"
@@ -121,7 +126,7 @@ def sweep_rows(directory):
     for _, who, column in ALLOCATORS:
         v = medians.get(who)
         if v is None:
-            yield f"| random trace, one stream, median of seeds 1 to 50 | {column} | - | - | - | - | - | - | - |"
+            yield missing("random trace, one stream, median of seeds 1 to 50", column)
             continue
         waste = f"{(v[0] - 1) / (exp[0] - 1):.2f}x" if exp and exp[0] > 1 else "-"
         yield (

@@ -18,7 +18,7 @@ const SIZE: usize = 64 << 10;
 const RING: usize = 32;
 
 /// What the raw anchor records after each operation.
-#[derive(Clone, Copy, PartialEq)]
+#[derive(Clone, Copy)]
 enum Record {
     Nothing,
     OneEvent,

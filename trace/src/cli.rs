@@ -80,8 +80,8 @@ enum Command {
     },
     /// Replays the trace through every growth policy, with fixed blocks, with expandable
     /// segments and with stitching (and sharing across streams for a trace of several), and
-    /// names the set-up that
-    /// holds the least without buying it with raw calls, with what each costs.
+    /// names the set-up that holds the least without buying it with raw calls, with what each
+    /// costs.
     Recommend {
         /// The trace (`-` for standard input).
         file: PathBuf,
