@@ -120,6 +120,9 @@ impl RawAllocator for AbiAllocator {
         DefaultBackend::device_synchronize(RawBlock::device(&*block.0))?;
         self.0.shrink(&mut block.0, bytes)
     }
+    fn shrinkable(&self, block: &Self::Block, bytes: usize) -> usize {
+        self.0.shrinkable(&block.0, bytes)
+    }
     fn stitches(&self) -> bool {
         self.0.stitches()
     }

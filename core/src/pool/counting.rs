@@ -179,6 +179,10 @@ impl<A: RawAllocator + Clone> RawAllocator for Counting<A> {
         Ok(cut)
     }
 
+    fn shrinkable(&self, block: &Self::Block, bytes: usize) -> usize {
+        self.inner.shrinkable(block.block(), bytes)
+    }
+
     fn stitches(&self) -> bool {
         self.inner.stitches()
     }

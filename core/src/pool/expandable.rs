@@ -359,6 +359,21 @@ pub struct Segment<B: VirtualMemoryOps> {
 }
 
 impl<B: VirtualMemoryOps> Segment<B> {
+    /// The bytes of the last mappings that [`Self::unmap_last`] would give back for `bytes`: as
+    /// many whole ones as fit, each ending where the one after began.
+    fn last_mappings_within(&self, bytes: usize) -> usize {
+        let mut end = self.extent;
+        let mut done = 0;
+        for (&offset, &(len, _)) in self.maps.iter().rev() {
+            if done + len > bytes || offset + len != end {
+                break;
+            }
+            done += len;
+            end = offset;
+        }
+        done
+    }
+
     /// Unmaps and releases the last mappings, as many whole ones as fit in `bytes` and end where
     /// the one after began; returns the bytes given back. A failure after some mappings went is
     /// reported as what went (the block is that much shorter); a failure before any went is the
@@ -488,6 +503,13 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
             return Ok(0);
         }
         block.unmap_last(bytes)
+    }
+
+    fn shrinkable(&self, block: &Segment<B>, bytes: usize) -> usize {
+        if !bytes.is_multiple_of(self.granule) || bytes >= block.extent {
+            return 0;
+        }
+        block.last_mappings_within(bytes)
     }
 
     fn stitches(&self) -> bool {

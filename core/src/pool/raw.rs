@@ -89,6 +89,16 @@ pub trait RawAllocator: Send + Sync + 'static {
         Ok(0)
     }
 
+    /// How many of the last `bytes` of `block` a [`Self::shrink`] would give back now, at most:
+    /// 0 when it would give back nothing (an allocator that maps growths whole cannot give back
+    /// part of one). The pool asks before it shrinks and skips the shrink at 0, since a shrink on
+    /// a device first waits for the work queued there. The default answers `bytes` (it may give
+    /// back all of it): an allocator that shrinks only in whole pieces says so here.
+    fn shrinkable(&self, block: &Self::Block, bytes: usize) -> usize {
+        let _ = block;
+        bytes
+    }
+
     /// Whether [`Self::lift_pages`] moves pages (stitching): then a growing block's growth first
     /// takes the whole pages under the arena's free chunks, and maps them at the block's end in
     /// place of new memory. Only allocators whose blocks are [`Self::expandable`].
@@ -204,6 +214,9 @@ impl<R: RawAllocator> RawAllocator for std::sync::Arc<R> {
     }
     fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
         (**self).shrink(block, bytes)
+    }
+    fn shrinkable(&self, block: &Self::Block, bytes: usize) -> usize {
+        (**self).shrinkable(block, bytes)
     }
     fn stitches(&self) -> bool {
         (**self).stitches()

@@ -5,6 +5,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use super::arena::ArenaState;
 use super::{give_back, observe_raw_frees, Arena, ArenaKey, ArenaRef, Pool, RawAllocator};
 
 impl<R: RawAllocator> Pool<R> {
@@ -59,14 +60,7 @@ impl<R: RawAllocator> Pool<R> {
             let empty;
             {
                 let mut st = arena.state.lock();
-                let mut cut = 0;
-                if self.shared.expandable.load(Ordering::Relaxed) {
-                    let (allocator, granule) =
-                        (&self.shared.allocator, self.shared.allocator.granule().max(1));
-                    // A failed unmap keeps the tail: it stays cached and lendable.
-                    cut =
-                        st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
-                }
+                let cut = self.shrink_free_tails(&mut st);
                 bytes = st.release_free_blocks(&mut released) + cut;
                 // Stitching: the pages under the free chunks left go too (counted off the total
                 // as they are lifted).
@@ -89,6 +83,23 @@ impl<R: RawAllocator> Pool<R> {
         }
         // The raw frees (driver calls) run after every lock is released.
         drop(released);
+    }
+
+    /// With expandable segments, gives back the free tails of arena `st`'s growing blocks, as
+    /// far as the raw allocator can ([`RawAllocator::shrinkable`]): a tail it would give nothing
+    /// of is not asked for, since a shrink on a device first waits for the work queued there.
+    /// Returns the bytes given back. A failed unmap keeps the tail: it stays cached and lendable.
+    pub(super) fn shrink_free_tails(&self, st: &mut ArenaState<R::Block>) -> usize {
+        if !self.shared.expandable.load(Ordering::Relaxed) {
+            return 0;
+        }
+        let allocator = &self.shared.allocator;
+        st.shrink_tails(allocator.granule().max(1), |block, bytes| {
+            if allocator.shrinkable(block, bytes) == 0 {
+                return 0;
+            }
+            allocator.shrink(block, bytes).unwrap_or(0)
+        })
     }
 
     /// Releases cached whole blocks of any arena, largest first, until at least `bytes` are

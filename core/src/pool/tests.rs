@@ -625,6 +625,64 @@ fn a_growth_costs_three_driver_calls_whatever_its_size_and_a_tail_gives_back_who
     assert_eq!(crate::host::vmm_physical_bytes_made_here(0), 0, "every physical allocation was released");
 }
 
+/// An expandable allocator that counts the shrinks it is asked for: on a device each one first
+/// waits for the work queued there (the C ABI's and the typed layer's raw allocators do).
+#[derive(Clone)]
+struct ShrinksCounted(Arc<expandable::ExpandableAllocator<crate::host::Host>>, Arc<AtomicUsize>);
+
+impl RawAllocator for ShrinksCounted {
+    type Block = expandable::Segment<crate::host::Host>;
+    fn allocate(&self, device: DeviceId, size: usize) -> Result<Self::Block> {
+        self.0.allocate(device, size)
+    }
+    fn expandable(&self) -> bool {
+        true
+    }
+    fn granule(&self) -> usize {
+        self.0.granule()
+    }
+    fn grow(&self, block: &mut Self::Block, extra: usize) -> Result<bool> {
+        self.0.grow(block, extra)
+    }
+    fn shrink(&self, block: &mut Self::Block, bytes: usize) -> Result<usize> {
+        self.1.fetch_add(1, Ordering::Relaxed);
+        self.0.shrink(block, bytes)
+    }
+    fn shrinkable(&self, block: &Self::Block, bytes: usize) -> usize {
+        self.0.shrinkable(block, bytes)
+    }
+}
+
+#[test]
+fn a_free_tail_inside_one_growth_is_not_asked_of_the_allocator() {
+    const MIB: usize = 1 << 20;
+    let shrinks = Arc::new(AtomicUsize::new(0));
+    let allocator = expandable::ExpandableAllocator::<crate::host::Host>::new(0, 1 << 30).unwrap();
+    let pool = Pool::new(0, ShrinksCounted(Arc::new(allocator), Arc::clone(&shrinks)));
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    // One block of two growths (20 MiB each, one mapping each).
+    let a = pool.malloc(2 * MIB, ArenaKey::NULL, &cache).unwrap();
+    let b = pool.malloc(19 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(pool.total_bytes(), 40 * MIB);
+    drop(b);
+    // The free tail (2..40 MiB) covers the second growth whole: one shrink, which gives it back.
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 20 * MIB);
+    assert_eq!(shrinks.load(Ordering::Relaxed), 1);
+    // What is left of the tail (2..20 MiB) lies inside the first growth: no shrink could give
+    // any of it back, so none is asked for, however often the pool looks.
+    for _ in 0..3 {
+        pool.free_all_blocks(None);
+    }
+    assert_eq!(shrinks.load(Ordering::Relaxed), 1, "no shrink that would give back nothing");
+    assert_eq!(pool.total_bytes(), 20 * MIB);
+    drop(a);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
+}
+
 #[test]
 fn with_expandable_segments_small_and_large_requests_share_one_growing_block() {
     const MIB: usize = 1 << 20;

@@ -195,13 +195,9 @@ impl<R: RawAllocator> Pool<R> {
         let mut released = Vec::new();
         let bytes = {
             let mut st = arena.state.lock();
-            let mut cut = 0;
-            if self.expandable_segments() {
-                let (allocator, granule) = (&self.shared.allocator, self.shared.allocator.granule().max(1));
-                // A failed unmap keeps the tail: it stays cached and lendable.
-                cut = st.shrink_tails(granule, |block, bytes| allocator.shrink(block, bytes).unwrap_or(0));
-            }
-            cut + st.release_free_blocks_of(0, &mut released) + st.release_free_blocks_of(1, &mut released)
+            self.shrink_free_tails(&mut st)
+                + st.release_free_blocks_of(0, &mut released)
+                + st.release_free_blocks_of(1, &mut released)
         };
         self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.observe_raw_frees(key, &released);

@@ -246,6 +246,13 @@ impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
         }
     }
 
+    fn shrinkable(&self, block: &DeviceBlock<B>, bytes: usize) -> usize {
+        match (&self.mode, &*block.0) {
+            (Mode::Growing(g), Block::Growing(s)) => g.shrinkable(s, bytes),
+            _ => 0,
+        }
+    }
+
     fn stitches(&self) -> bool {
         matches!(&self.mode, Mode::Growing(g) if g.stitches())
     }
