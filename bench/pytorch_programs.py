@@ -26,7 +26,8 @@ use, driver calls and, for gpumem, the planner's state, from which the table's s
 the steady loop's figures.
 
 Usage: python3 bench/pytorch_programs.py PROGRAM --allocator torch|gpumem [--lib LIB]
-       [--growth-policy NAME] --label LABEL --out RESULTS.jsonl
+       [--growth-policy NAME] [--step | --plan-automatically] [--record TRACE] --label LABEL
+       --out RESULTS.jsonl
        python3 bench/pytorch_programs.py --table RESULTS.jsonl
 """
 import argparse
@@ -119,6 +120,11 @@ def run(args):
         gpumem_alloc.use_in_pytorch(args.lib, growth_policy=args.growth_policy)
         if args.plan_automatically:
             gpumem_alloc.plan_automatically()
+        if args.record:
+            gpumem_alloc.recorder_start(args.record)
+    # With --record: each step's end, in nanoseconds from the recording's start (as its lines'
+    # time_ns, to within the call's time), to read the recording step by step.
+    record_start, step_end_ns = time.perf_counter(), []
     import torch
     seeded(torch, 0)
     torch.backends.cudnn.benchmark = False
@@ -153,6 +159,7 @@ def run(args):
             gpumem_alloc.step()
         torch.cuda.synchronize()
         times.append(time.perf_counter() - t0)
+        step_end_ns.append(int((time.perf_counter() - record_start) * 1e9))
         results.append(float(value).hex())
         if gpumem_alloc is None:
             step_held.append(torch.cuda.max_memory_reserved())
@@ -170,6 +177,8 @@ def run(args):
         calls_now = raw_calls_now()
         step_calls.append(calls_now - calls_before)
         calls_before = calls_now
+    if args.record:
+        gpumem_alloc.recorder_stop()
     row = {
         "program": args.program, "label": args.label, "allocator": args.allocator,
         "growth_policy": args.growth_policy or ("default" if gpumem_alloc else None),
@@ -181,6 +190,7 @@ def run(args):
         "alloc_conf": os.environ.get("PYTORCH_CUDA_ALLOC_CONF"),
         "device": torch.cuda.get_device_name(), "torch": torch.__version__,
         "results_hex": results, "step_times_s": times,
+        **({"record": args.record, "step_end_ns": step_end_ns} if args.record else {}),
         # The first steps include cuDNN/cuBLAS set-up and the allocator's growth.
         "median_step_s": statistics.median(times[2:] if len(times) > 3 else times),
         "total_s": sum(times),
@@ -266,6 +276,9 @@ def main():
                     help="gpumem only: mark each iteration's end (gpumem_step), so the loop is planned")
     ap.add_argument("--plan-automatically", action="store_true",
                     help="gpumem only: let the pool find the loop's iterations (gpumem_plan_automatically)")
+    ap.add_argument("--record", metavar="TRACE",
+                    help="gpumem only: record every allocation, free, raw call and iteration boundary "
+                         "into TRACE (gpumem-trace's format)")
     ap.add_argument("--steps", type=int, default=None)
     ap.add_argument("--label")
     ap.add_argument("--out")

@@ -77,6 +77,8 @@ def load(lib_path=None):
         "gpumem_free_all_blocks": (c_int, [c_int]),
         "gpumem_debug_print_hook_begin": (c_int, [c_char_p]),
         "gpumem_debug_print_hook_end": (c_int, []),
+        "gpumem_recorder_start": (c_int, [c_char_p]),
+        "gpumem_recorder_stop": (ctypes.c_int64, []),
         "gpumem_step": (c_int, [c_int]),
         "gpumem_plan_automatically": (c_int, [c_int]),
         "gpumem_plan_state": (c_int, [c_int]),
@@ -193,6 +195,20 @@ def debug_print_hook_begin(path):
 
 def debug_print_hook_end():
     _check(load().gpumem_debug_print_hook_end())
+
+
+def recorder_start(path):
+    """Records every thread's allocations, frees, raw calls and iteration boundaries, process-wide,
+    into the file at `path` (JSON lines, the format `gpumem-trace` reads)."""
+    _check(load().gpumem_recorder_start(os.fsencode(path)))
+
+
+def recorder_stop():
+    """Stops the recording and closes its file; returns the lines written."""
+    lines = load().gpumem_recorder_stop()
+    if lines < 0:
+        raise GpumemError(last_error() or "unknown gpumem error")
+    return lines
 
 
 def _configure(growth_policy, limit, devices):
