@@ -2,7 +2,9 @@
 """BENCHMARKS.md's memory table from one run of bench/memory-table.sh: every workload under PyTorch's
 default, PyTorch's expandable_segments:True, gpumem's C ABI default and gpumem with stitching, with
 peak held, peak in use, held over in use, the waste (held less in use) over PyTorch expandable
-segments', raw calls, time in the driver and step (or replay) time over PyTorch's default's.
+segments', raw calls, time in the driver and step (or replay) time over PyTorch's default's; then
+the programs once a plan learned with no step call is in force (fixed blocks), beside the others
+over the same steps, with the device's own count of memory in use.
 
 Reads OUT/programs/results.jsonl (the programs through the C ABI), OUT/replays/table.md (the traces
 replayed on the device, gpumem's rows and its anchors'), OUT/replays/in_use.json (each trace's peak
@@ -79,6 +81,66 @@ def program_rows(path):
             )
 
 
+PLANNED = ("gpumem fixed blocks, planned automatically", "gpumem, fixed blocks, planned automatically")
+PLANNED_HEADER = (
+    "| workload | allocator | steps | peak held | held / PyTorch's in use | waste over expandable's "
+    "| raw calls | time in the driver | device's memory in use | step time over PyTorch default's |\n"
+    "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"
+)
+
+
+def planned_steps(run):
+    """The steps once the plan is in force, if it stayed in force to the end (else None): those
+    after the first step it served whole, whose end gives back the recorded iterations' blocks
+    (the pool's iterations need not begin where the program's steps do)."""
+    states = run.get("step_plan_states") or []
+    first = next((i for i, s in enumerate(states) if all(x == 2 for x in states[i:])), None)
+    if first is None or first + 2 >= len(states):
+        return None
+    return range(first + 2, len(states))
+
+
+def planned_rows(path):
+    """The programs once a plan learned with no step call is in force: the steps it served, beside
+    PyTorch's two modes and the C ABI's default over the same steps. Held is each allocator's own
+    count (for fixed blocks, the bytes asked of cuMemAlloc, which the driver backs with whole
+    pages); the device's memory in use (cuMemGetInfo, every allocation rounded as the driver
+    rounds it, and the context) is the count all four share."""
+    rows = [json.loads(line) for line in open(path) if line.strip()]
+    for program, name in PROGRAMS.items():
+        runs = {r["label"]: r for r in rows if r["program"] == program}
+        planned = runs.get(PLANNED[0])
+        if planned is None:
+            continue
+        steps = planned_steps(planned)
+        if steps is None:
+            yield f"| {name} | {PLANNED[1]} | no plan in force | - | - | - | - | - | - | - |"
+            continue
+        default = runs.get("PyTorch default")
+        expandable = runs.get("PyTorch expandable")
+        reference = expandable or default
+        in_use = max(reference["step_peak_in_use"][i] for i in steps) if reference else None
+        exp_waste = (max(expandable["step_peak_held"][i] for i in steps) - in_use) if expandable else None
+        for label, column in [(a[0], a[2]) for a in ALLOCATORS[:3]] + [PLANNED]:
+            r = runs.get(label)
+            if r is None or not in_use:
+                continue
+            held = max(r["step_peak_held"][i] for i in steps)
+            waste = f"{(held - in_use) / exp_waste:.2f}x" if exp_waste else "-"
+            calls = sum(r["step_raw_calls"][i] for i in steps)
+            driver = (f"{sum(r['step_driver_ns'][i] for i in steps) / 1e6:.1f} ms"
+                      if r.get("step_driver_ns") else "not reported")
+            device = gb(max(r["step_device_used"][i] for i in steps)) if r.get("step_device_used") else "-"
+            step = "-"
+            if default:
+                mine = sum(r["step_times_s"][i] for i in steps)
+                step = f"{mine / sum(default['step_times_s'][i] for i in steps):.3f}x"
+            yield (
+                f"| {name} | {column} | {steps.start + 1} to {steps.stop} | {gb(held)} | {held / in_use:.3f} "
+                f"| {waste} | {calls} | {driver} | {device} | {step} |"
+            )
+
+
 def replay_rows(directory):
     """The device replays: gpumem's rows and its anchors' from the benchmark's table."""
     in_use = json.load(open(os.path.join(directory, "in_use.json")))
@@ -140,6 +202,10 @@ def main(out):
     programs = os.path.join(out, "programs", "results.jsonl")
     if os.path.exists(programs):
         for row in program_rows(programs):
+            print(row)
+        print("\nOnce a plan learned with no step call is in force (the steps it served):\n")
+        print(PLANNED_HEADER)
+        for row in planned_rows(programs):
             print(row)
     replays = os.path.join(out, "replays")
     if os.path.exists(os.path.join(replays, "table.md")):
