@@ -195,10 +195,15 @@ impl<R: RawAllocator> Pool<R> {
         let mut released = Vec::new();
         let bytes = {
             let mut st = arena.state.lock();
-            self.shrink_free_tails(&mut st)
+            let bytes = self.shrink_free_tails(&mut st)
                 + st.release_free_blocks_of(0, &mut released)
-                + st.release_free_blocks_of(1, &mut released)
+                + st.release_free_blocks_of(1, &mut released);
+            // Stitching: the pages under the free chunks left go too (counted off the total as
+            // they are lifted); the plan's block keeps its pages.
+            self.lift_all(&mut st);
+            bytes
         };
+        self.shared.allocator.drop_lifted_pages();
         self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
         self.observe_raw_frees(key, &released);
         drop(released);
