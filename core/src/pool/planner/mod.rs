@@ -189,7 +189,8 @@ impl<R: RawAllocator> Pool<R> {
     }
 
     /// Releases the whole free blocks of arena `key` other than its plan block, and with
-    /// expandable segments the free tails of its growing blocks (as `free_all_blocks` does).
+    /// expandable segments the free tails of its growing blocks, and with stitching the pages
+    /// under their other free chunks (as `free_all_blocks` does).
     fn release_whole_ordinary_blocks(&self, key: ArenaKey) {
         let arena = self.arena_in_map(key);
         let mut released = Vec::new();
