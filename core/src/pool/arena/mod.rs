@@ -106,6 +106,9 @@ pub(crate) struct ArenaState<K> {
     lifted_chunks: usize,
     /// The statistics (plain integers: the arena's lock guards them).
     pub(crate) counters: Counters,
+    /// The whole free blocks outside the plan's at a planned loop's last iteration boundary, as
+    /// `(slot, address, size)`: see [`ArenaState::release_blocks_left_free`].
+    left_free: Vec<(u32, DevicePtr, usize)>,
 }
 
 /// One chunk as a snapshot shows it.
@@ -159,6 +162,7 @@ impl<K: RawBlock> ArenaState<K> {
             n_lent: 0,
             lifted_chunks: 0,
             counters: Counters::default(),
+            left_free: Vec::new(),
         }
     }
 

@@ -52,6 +52,39 @@ impl<K: RawBlock> ArenaState<K> {
         old
     }
 
+    /// Releases into `out` the free chunks outside the plan's block that are whole raw blocks and
+    /// were so at the last call too, with the same address and size (none at the first call):
+    /// blocks left free from one iteration boundary of a planned loop to the next. Returns the
+    /// bytes released. A block free at one boundary only may be one the loop lends again every
+    /// iteration (a result that outlives its iteration, made before the last one is freed):
+    /// giving it back would have it asked for again in the next. What a block did between the two
+    /// calls is not seen: one lent and freed again in between counts as left free.
+    pub(crate) fn release_blocks_left_free(&mut self, out: &mut Vec<K>) -> usize {
+        let before = std::mem::take(&mut self.left_free);
+        let mut bytes = 0;
+        for slot in 0..self.chunks.len() as u32 {
+            let c = self.chunks[slot as usize];
+            if c.state != State::Free || c.prev != NIL || c.next != NIL || c.class == PLANNED {
+                continue;
+            }
+            if before.contains(&(slot, c.ptr, c.size)) {
+                self.unmark_free(slot);
+                let (mem, size) = self.release(slot);
+                out.push(mem);
+                bytes += size;
+            } else {
+                self.left_free.push((slot, c.ptr, c.size));
+            }
+        }
+        bytes
+    }
+
+    /// Forgets the blocks [`ArenaState::release_blocks_left_free`] saw free: its next call
+    /// releases none.
+    pub(crate) fn forget_blocks_left_free(&mut self) {
+        self.left_free.clear();
+    }
+
     /// The address and size of the plan's block, if the arena holds one.
     pub(crate) fn plan_block(&self) -> Option<(DevicePtr, usize)> {
         self.plan.map(|p| (p.base, p.size))

@@ -39,6 +39,7 @@ use crate::hooks;
 
 use super::sync::ArenaRef;
 use super::{Arena, ArenaCache, ArenaKey, Pool, PooledMemory, RawAllocator};
+use serve::GiveBack;
 use state::{Action, Decision};
 pub use state::{PlanState, PlanStats};
 pub(super) use state::{Planner, RECORDED};
@@ -97,9 +98,7 @@ impl<R: RawAllocator> Pool<R> {
             Action::Install { generation, blocks } => self.install_plan(generation, &blocks),
             Action::Keep { blocks, give_back } => {
                 for &(key, size) in &blocks {
-                    if give_back {
-                        self.release_whole_ordinary_blocks(key);
-                    }
+                    self.give_back_ordinary_blocks(key, give_back);
                     if self.arena_in_map(key).state.lock().plan_block().is_none() {
                         // `free_all_blocks` released it while it was all free. Without memory
                         // for it now, the iterations depart until a step finds memory.
@@ -136,7 +135,7 @@ impl<R: RawAllocator> Pool<R> {
         let mut done = Vec::with_capacity(blocks.len());
         for &(key, size) in blocks {
             // The recorded iterations' cached blocks give way to the plan's.
-            self.release_whole_ordinary_blocks(key);
+            self.give_back_ordinary_blocks(key, GiveBack::All);
             match self.add_plan_block(key, size) {
                 Ok(()) => done.push(key),
                 Err(e) => {
@@ -188,17 +187,28 @@ impl<R: RawAllocator> Pool<R> {
         }
     }
 
-    /// Releases the whole free blocks of arena `key` other than its plan block, and with
-    /// expandable segments the free tails of its growing blocks, and with stitching the pages
-    /// under their other free chunks (as `free_all_blocks` does).
-    fn release_whole_ordinary_blocks(&self, key: ArenaKey) {
+    /// Gives back what `what` says of arena `key`'s whole free blocks other than its plan block
+    /// ([`GiveBack`]), and, unless nothing, with expandable segments the free tails of its growing
+    /// blocks, and with stitching the pages under their other free chunks (as `free_all_blocks`
+    /// does).
+    fn give_back_ordinary_blocks(&self, key: ArenaKey, what: GiveBack) {
         let arena = self.arena_in_map(key);
         let mut released = Vec::new();
         let bytes = {
             let mut st = arena.state.lock();
-            let bytes = self.shrink_free_tails(&mut st)
-                + st.release_free_blocks_of(0, &mut released)
-                + st.release_free_blocks_of(1, &mut released);
+            let whole = match what {
+                GiveBack::Nothing => {
+                    // Departures may lend any block: the next look starts afresh.
+                    st.forget_blocks_left_free();
+                    return;
+                }
+                GiveBack::All => {
+                    st.forget_blocks_left_free();
+                    st.release_free_blocks_of(0, &mut released) + st.release_free_blocks_of(1, &mut released)
+                }
+                GiveBack::LeftFree => st.release_blocks_left_free(&mut released),
+            };
+            let bytes = self.shrink_free_tails(&mut st) + whole;
             // Stitching: the pages under the free chunks left go too (counted off the total as
             // they are lifted); the plan's block keeps its pages.
             self.lift_all(&mut st);

@@ -107,19 +107,39 @@ impl Plan {
         self.departing >= REPLAN_AFTER
     }
 
-    /// After [`Plan::end_iteration`] kept the plan: whether the pool gives back the whole free
-    /// blocks outside the plan now. It does at the end of the first iteration served from the
-    /// plan (the recorded iterations' blocks), and at the end of every iteration that completes
-    /// a run of at least [`GIVE_BACK_AFTER`] iterations in a row with no departure: such a loop
-    /// needs none of the pool's own memory, so a block that the program's own long-lived tensors
-    /// or an earlier departure left free is not needed. A loop that departs now and then keeps
-    /// its blocks while it does, so they are not given back and asked for again every iteration;
-    /// looking costs a pass over the plan's arenas' chunks once an iteration.
-    pub(crate) fn gives_back(&mut self) -> bool {
+    /// After [`Plan::end_iteration`] kept the plan: what the pool gives back of the whole free
+    /// blocks outside the plan now. All of them at the end of the first iteration served from the
+    /// plan (the recorded iterations' blocks); and at the end of every iteration that completes a
+    /// run of at least [`GIVE_BACK_AFTER`] iterations in a row with no departure, those left free
+    /// since the last iteration's end: such a loop lends from the pool only what the plan leaves
+    /// to it (a result made before the last one is freed, say), and a block it did not lend
+    /// again in a whole iteration, one that the program's own long-lived tensors or an earlier
+    /// departure left free, is not needed. A loop that departs now and then keeps its blocks
+    /// while it does, so they are not given back and asked for again every iteration; looking
+    /// costs a pass over the plan's arenas' chunks once an iteration.
+    pub(crate) fn gives_back(&mut self) -> GiveBack {
         let first = std::mem::replace(&mut self.first_iteration, false);
         self.quiet = if self.departing == 0 { self.quiet.saturating_add(1) } else { 0 };
-        first || self.quiet >= GIVE_BACK_AFTER
+        if first {
+            GiveBack::All
+        } else if self.quiet >= GIVE_BACK_AFTER {
+            GiveBack::LeftFree
+        } else {
+            GiveBack::Nothing
+        }
     }
+}
+
+/// What a planned pool gives back at an iteration's end ([`Plan::gives_back`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum GiveBack {
+    Nothing,
+    /// Every whole free block outside the plan (the recorded iterations' blocks).
+    All,
+    /// The whole free blocks outside the plan that were free at the last iteration's end too:
+    /// those the loop did not lend again meanwhile (the pool does not watch a block between
+    /// iteration ends: one lent and freed again in between counts as left free).
+    LeftFree,
 }
 
 /// Iterations in a row with no departure after which a planned pool gives back the whole free
@@ -147,13 +167,17 @@ mod tests {
             assert!(!plan.end_iteration());
             plan.gives_back()
         };
-        assert!(iteration(true), "the first iteration's end, departures or not");
-        assert!(!iteration(false), "one quiet iteration");
-        assert!(iteration(false), "two in a row");
-        assert!(iteration(false), "and every one after");
-        assert!(!iteration(true), "not while the loop departs: its blocks would come back");
-        assert!(!iteration(false));
-        assert!(iteration(false), "two quiet ones in a row again");
+        assert_eq!(iteration(true), GiveBack::All, "the first iteration's end, departures or not");
+        assert_eq!(iteration(false), GiveBack::Nothing, "one quiet iteration");
+        assert_eq!(iteration(false), GiveBack::LeftFree, "two in a row");
+        assert_eq!(iteration(false), GiveBack::LeftFree, "and every one after");
+        assert_eq!(
+            iteration(true),
+            GiveBack::Nothing,
+            "not while the loop departs: its blocks would come back"
+        );
+        assert_eq!(iteration(false), GiveBack::Nothing);
+        assert_eq!(iteration(false), GiveBack::LeftFree, "two quiet ones in a row again");
     }
 
     #[test]

@@ -11,7 +11,7 @@ use super::super::ArenaKey;
 use super::super::Pool;
 use super::detect::Detector;
 use super::record::{self, Iteration};
-use super::serve::Plan;
+use super::serve::{GiveBack, Plan};
 
 /// The tag bit of a chunk lent while its iteration is recorded (see `PooledMemory`'s tag): no
 /// arena key plus one reaches it, so it tells a recorded chunk from a borrowed one.
@@ -174,7 +174,7 @@ pub(super) enum Action {
     /// the whole free blocks outside the plan ([`Plan::gives_back`]).
     Keep {
         blocks: Vec<(ArenaKey, usize)>,
-        give_back: bool,
+        give_back: GiveBack,
     },
     /// Make the plan's blocks ordinary blocks of their arenas.
     Unplan(Vec<ArenaKey>),

@@ -166,7 +166,10 @@ fn a_block_the_program_leaves_free_while_the_loop_follows_its_plan_is_given_back
     let calls = raw_calls(&allocator);
     run(&pool, &cache, &small_loop(), &mut live);
     pool.step().unwrap();
-    assert_eq!(pool.total_bytes(), held - (1 << 20), "its block is given back");
+    assert_eq!(pool.total_bytes(), held, "free at one iteration's end: the loop may lend it again");
+    run(&pool, &cache, &small_loop(), &mut live);
+    pool.step().unwrap();
+    assert_eq!(pool.total_bytes(), held - (1 << 20), "left free a whole iteration, its block is given back");
     assert_eq!(raw_calls(&allocator), calls + 1, "with one raw free");
     for _ in 0..5 {
         run(&pool, &cache, &small_loop(), &mut live);
@@ -872,4 +875,49 @@ fn with_stitching_a_plan_in_force_gives_back_the_pages_under_the_recorded_iterat
     // pages under every free chunk too: the kept tensors lie 4.5 MiB apart, so each gap after
     // one holds at least one whole page.
     assert!(growing - stitched >= 3 * GRANULE, "stitching {stitched} against growing blocks alone {growing}");
+}
+
+/// One iteration of a loop whose result outlives it, as a training loop's loss does: the next
+/// iteration makes its own before the last one's is freed. `parity` names the two results.
+fn iteration_with_a_result(parity: usize, first: bool) -> Vec<Op> {
+    let mut ops = vec![alloc(0, 64 * UNIT), alloc(1, 8 * UNIT), alloc(10 + parity, 1)];
+    if !first {
+        ops.push(free(11 - parity));
+    }
+    ops.extend([free(1), alloc(2, 32 * UNIT), free(2), free(0)]);
+    ops
+}
+
+#[test]
+fn a_result_that_outlives_its_iteration_reuses_its_block_once_the_loop_is_planned() {
+    let (pool, allocator, cache) = counted(GrowthPolicy::Segments);
+    pool.plan_automatically();
+    let mut live = HashMap::new();
+    run(&pool, &cache, &iteration_with_a_result(0, true), &mut live);
+    let mut parity = 1;
+    let mut iteration = |live: &mut HashMap<usize, Chunk>| {
+        run(&pool, &cache, &iteration_with_a_result(parity, false), live);
+        parity = 1 - parity;
+    };
+    let mut n = 0;
+    while pool.plan_stats().state != PlanState::Planned {
+        iteration(&mut live);
+        n += 1;
+        assert!(n < 64, "no plan: {:?}", pool.plan_stats());
+    }
+    for _ in 0..4 {
+        iteration(&mut live);
+    }
+    let calls = raw_calls(&allocator);
+    for _ in 0..10 {
+        iteration(&mut live);
+    }
+    assert_eq!(pool.plan_stats().state, PlanState::Planned);
+    // The result is not planned (its next one is made while it lives): the pool serves it, and
+    // the block the last one left free at the boundary is lent again, not given back and asked
+    // for anew each iteration.
+    assert_eq!(raw_calls(&allocator), calls, "no raw call over ten planned iterations");
+    drop(live);
+    pool.free_all_blocks(None);
+    assert_eq!(pool.total_bytes(), 0);
 }
