@@ -8,8 +8,8 @@
 #             and through PyTorch's two modes and CuPy on the device (bench/seed_sweep.py);
 #   programs  the PyTorch programs of bench/pytorch_programs.py through the C ABI under PyTorch's
 #             default, its expandable_segments:True, gpumem's C ABI default, stitching
-#             (GPUMEM_STITCH=1) and fixed blocks planned with no step call, each in its own
-#             process (bench/pytorch-programs.sh; RUNS names others).
+#             (GPUMEM_STITCH=1), and fixed blocks and stitching each planned with no step call,
+#             each in its own process (bench/pytorch-programs.sh; RUNS names others).
 #
 # Staged first, on a machine with Rust:
 #   scripts/gpu-stage --bench --no-tests          (the benchmark, in .gpu/benches/)
@@ -54,6 +54,6 @@ json.dump(use, open(os.path.join(d, "in_use.json"), "w"))
     rm -f "$D"/*.trace "$D"/sweep/*.trace
 fi
 if [ "$PART" != replays ]; then
-    RUNS=${RUNS:-torch torch-expandable default stitch auto-fixed} OUT="$OUT/programs" bash bench/pytorch-programs.sh
+    RUNS=${RUNS:-torch torch-expandable default stitch auto-fixed auto-stitch} OUT="$OUT/programs" bash bench/pytorch-programs.sh
 fi
 python3 bench/memory_table.py "$OUT" | tee "$OUT/memory-table.md"

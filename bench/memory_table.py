@@ -3,7 +3,7 @@
 default, PyTorch's expandable_segments:True, gpumem's C ABI default and gpumem with stitching, with
 peak held, peak in use, held over in use, the waste (held less in use) over PyTorch expandable
 segments', raw calls, time in the driver and step (or replay) time over PyTorch's default's; then
-the programs once a plan learned with no step call is in force (fixed blocks), beside the others
+the programs once a plan learned with no step call is in force (fixed blocks, stitching), beside the others
 over the same steps, with the device's own count of memory in use.
 
 Reads OUT/programs/results.jsonl (the programs through the C ABI), OUT/replays/table.md (the traces
@@ -81,7 +81,10 @@ def program_rows(path):
             )
 
 
-PLANNED = ("gpumem fixed blocks, planned automatically", "gpumem, fixed blocks, planned automatically")
+PLANNED = [
+    ("gpumem fixed blocks, planned automatically", "gpumem, fixed blocks, planned automatically"),
+    ("gpumem stitching, planned automatically", "gpumem + stitching, planned automatically"),
+]
 PLANNED_HEADER = (
     "| workload | allocator | steps | peak held | held / PyTorch's in use | waste over expandable's "
     "| raw calls | time in the driver | device's memory in use | step time over PyTorch default's |\n"
@@ -109,19 +112,24 @@ def planned_rows(path):
     rows = [json.loads(line) for line in open(path) if line.strip()]
     for program, name in PROGRAMS.items():
         runs = {r["label"]: r for r in rows if r["program"] == program}
-        planned = runs.get(PLANNED[0])
-        if planned is None:
+        planned = [(label, column) for label, column in PLANNED if label in runs]
+        if not planned:
             continue
-        steps = planned_steps(planned)
-        if steps is None:
-            yield f"| {name} | {PLANNED[1]} | no plan in force | - | - | - | - | - | - | - |"
+        # The steps both plans served (each stayed in force to the end, or the row says not).
+        spans = [(column, planned_steps(runs[label])) for label, column in planned]
+        for column, span in spans:
+            if span is None:
+                yield f"| {name} | {column} | no plan in force | - | - | - | - | - | - | - |"
+        spans = [span for _, span in spans if span is not None]
+        if not spans:
             continue
+        steps = range(max(s.start for s in spans), min(s.stop for s in spans))
         default = runs.get("PyTorch default")
         expandable = runs.get("PyTorch expandable")
         reference = expandable or default
         in_use = max(reference["step_peak_in_use"][i] for i in steps) if reference else None
         exp_waste = (max(expandable["step_peak_held"][i] for i in steps) - in_use) if expandable else None
-        for label, column in [(a[0], a[2]) for a in ALLOCATORS[:3]] + [PLANNED]:
+        for label, column in [(a[0], a[2]) for a in ALLOCATORS[:3]] + planned:
             r = runs.get(label)
             if r is None or not in_use:
                 continue

@@ -10,7 +10,7 @@
 # and GPUMEM_CAPI_LIB pointing at it (default target/release/libgpumem_capi.so).
 # PROGRAMS="gen cnn" limits the programs; RUNS="torch torch-expandable default auto auto-fixed"
 # limits the runs of each (default all: torch torch-expandable default step step-fixed auto
-# auto-fixed stitch). Results go to $OUT (default /tmp/gpumem-programs): results.jsonl (one line per
+# auto-fixed stitch auto-stitch). Results go to $OUT (default /tmp/gpumem-programs): results.jsonl (one line per
 # run), log.txt and table.md.
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 1
@@ -28,7 +28,7 @@ gpumem_run() { timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB"
     nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
     sha256sum "$LIB"
     for program in ${PROGRAMS:-gen cnn vit bert}; do
-        for run in ${RUNS:-torch torch-expandable default step step-fixed auto auto-fixed stitch}; do
+        for run in ${RUNS:-torch torch-expandable default step step-fixed auto auto-fixed stitch auto-stitch}; do
             case $run in
             torch) torch_run --label "PyTorch default" ;;
             torch-expandable) PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True torch_run --label "PyTorch expandable" ;;
@@ -39,6 +39,8 @@ gpumem_run() { timeout 150 python3 $P "$program" --allocator gpumem --lib "$LIB"
             auto-fixed) GPUMEM_EXPANDABLE_SEGMENTS=0 gpumem_run --plan-automatically \
                 --label "gpumem fixed blocks, planned automatically" ;;
             stitch) GPUMEM_STITCH=1 gpumem_run --label "gpumem default, stitching" ;;
+            auto-stitch) GPUMEM_STITCH=1 gpumem_run --plan-automatically \
+                --label "gpumem stitching, planned automatically" ;;
             *) echo "unknown run: $run" ;;
             esac
         done
