@@ -188,15 +188,17 @@ impl<R: RawAllocator> Pool<R> {
     }
 
     /// Gives back what `what` says of arena `key`'s whole free blocks other than its plan block
-    /// ([`GiveBack`]), and, unless nothing, with expandable segments the free tails of its growing
-    /// blocks, and with stitching the pages under their other free chunks (as `free_all_blocks`
-    /// does).
+    /// ([`GiveBack`]); with `All`, also the free tails of its growing blocks (expandable
+    /// segments) and the pages under their other free chunks (stitching), as `free_all_blocks`
+    /// does. A loop's later iterations give back whole blocks only: a tail or a page free at an
+    /// iteration's end may be one the loop uses again before the next, and unmapping it would
+    /// have it mapped again, each a wait for the device and driver calls.
     fn give_back_ordinary_blocks(&self, key: ArenaKey, what: GiveBack) {
         let arena = self.arena_in_map(key);
         let mut released = Vec::new();
         let bytes = {
             let mut st = arena.state.lock();
-            let whole = match what {
+            match what {
                 GiveBack::Nothing => {
                     // Departures may lend any block: the next look starts afresh.
                     st.forget_blocks_left_free();
@@ -204,15 +206,16 @@ impl<R: RawAllocator> Pool<R> {
                 }
                 GiveBack::All => {
                     st.forget_blocks_left_free();
-                    st.release_free_blocks_of(0, &mut released) + st.release_free_blocks_of(1, &mut released)
+                    let bytes = self.shrink_free_tails(&mut st)
+                        + st.release_free_blocks_of(0, &mut released)
+                        + st.release_free_blocks_of(1, &mut released);
+                    // Stitching: the pages under the free chunks left go too (counted off the
+                    // total as they are lifted); the plan's block keeps its pages.
+                    self.lift_all(&mut st);
+                    bytes
                 }
                 GiveBack::LeftFree => st.release_blocks_left_free(&mut released),
-            };
-            let bytes = self.shrink_free_tails(&mut st) + whole;
-            // Stitching: the pages under the free chunks left go too (counted off the total as
-            // they are lifted); the plan's block keeps its pages.
-            self.lift_all(&mut st);
-            bytes
+            }
         };
         self.shared.allocator.drop_lifted_pages();
         self.shared.total_bytes.fetch_sub(bytes, Ordering::Relaxed);
