@@ -109,7 +109,7 @@ impl Plan {
 
     /// After [`Plan::end_iteration`] kept the plan: what the pool gives back of the whole free
     /// blocks outside the plan now. All of them at the end of the first iteration served from the
-    /// plan (the recorded iterations' blocks); and at the end of every iteration that completes a
+    /// plan (the recorded iterations' blocks, with free tails and pages); and at the end of every iteration that completes a
     /// run of at least [`GIVE_BACK_AFTER`] iterations in a row with no departure, those left free
     /// since the last iteration's end: such a loop lends from the pool only what the plan leaves
     /// to it (a result made before the last one is freed, say), and a block it did not lend
@@ -133,8 +133,10 @@ impl Plan {
 /// What a planned pool gives back at an iteration's end ([`Plan::gives_back`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum GiveBack {
+    /// Nothing: the loop departed from its plan lately, and may lend its blocks again.
     Nothing,
-    /// Every whole free block outside the plan (the recorded iterations' blocks).
+    /// Every whole free block outside the plan (the recorded iterations' blocks), and the free
+    /// tails and pages of growing blocks.
     All,
     /// The whole free blocks outside the plan that were free at the last iteration's end too:
     /// those the loop did not lend again meanwhile (the pool does not watch a block between
