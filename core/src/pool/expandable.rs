@@ -374,18 +374,16 @@ impl<B: VirtualMemoryOps> Segment<B> {
         done
     }
 
-    /// Unmaps and releases the last mappings, as many whole ones as fit in `bytes` and end where
-    /// the one after began; returns the bytes given back. A failure after some mappings went is
-    /// reported as what went (the block is that much shorter); a failure before any went is the
-    /// error.
+    /// Unmaps and releases the last mappings, those [`Self::last_mappings_within`] names for
+    /// `bytes`; returns the bytes given back. A failure after some mappings went is reported as
+    /// what went (the block is that much shorter); a failure before any went is the error.
     fn unmap_last(&mut self, bytes: usize) -> Result<usize> {
+        let want = self.last_mappings_within(bytes);
         let access = Arc::clone(&self.access);
         let mut access = access.lock();
         let mut done = 0;
-        while let Some((&offset, &(len, handle))) = self.maps.last_key_value() {
-            if done + len > bytes || offset + len != self.extent {
-                break;
-            }
+        while done < want {
+            let Some((&offset, &(len, handle))) = self.maps.last_key_value() else { break };
             let at = self.base + offset;
             // SAFETY: the last mapping, `len` bytes at `at`, unmapped whole; the pool lends none
             // of it (it asked for the shrink, or the block is being dropped) and no work uses it.
@@ -499,7 +497,7 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
     }
 
     fn shrink(&self, block: &mut Segment<B>, bytes: usize) -> Result<usize> {
-        if !bytes.is_multiple_of(self.granule) || bytes >= block.extent {
+        if self.shrinkable(block, bytes) == 0 {
             return Ok(0);
         }
         block.unmap_last(bytes)
