@@ -49,8 +49,8 @@ use std::ffi::c_void;
 use gpumem_core::host::Host;
 use gpumem_core::{
     Api, Caps, CaptureMode, CaptureStatus, DeviceId, DeviceOps, DeviceProperties, DevicePtr, Error,
-    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle, Result, Runtime,
-    StreamCallback, StreamFlags, StreamOps, VirtualMemoryOps,
+    EventFlags, EventOps, GraphOps, HostFn, MemInfo, MemoryOps, PhysicalHandle, Result, StreamCallback,
+    StreamFlags, StreamOps, VirtualMemoryOps,
 };
 
 pub use choice::{chosen, Choice, BACKEND_ENV};
@@ -89,9 +89,7 @@ impl Api for Auto {
     type Graph = AutoGraph;
 }
 
-impl Runtime for Auto {
-    gpumem_core::runtime_statics!(Auto);
-}
+gpumem_core::runtime_statics!(Auto);
 
 /// Runs `$body` with `$B` the chosen backend's type; returns the choice's error first.
 macro_rules! on_chosen {

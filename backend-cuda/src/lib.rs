@@ -87,7 +87,7 @@ mod stream;
 pub mod sys;
 mod vmm;
 
-use gpumem_core::{Api, Caps, Runtime};
+use gpumem_core::{Api, Caps};
 
 /// The cudarc gpumem interoperates with (the `cudarc` feature), for applications without their
 /// own dependency on it.
@@ -125,6 +125,4 @@ impl Api for Cuda {
     type Graph = CudaGraph;
 }
 
-impl Runtime for Cuda {
-    gpumem_core::runtime_statics!(Cuda);
-}
+gpumem_core::runtime_statics!(Cuda);

@@ -163,7 +163,7 @@ mod vmm;
 
 use std::path::Path;
 
-use gpumem_core::{Api, Caps, Runtime};
+use gpumem_core::{Api, Caps};
 
 pub use event::HipEvent;
 pub use graph::HipGraph;
@@ -201,6 +201,4 @@ impl Api for Hip {
     type Graph = HipGraph;
 }
 
-impl Runtime for Hip {
-    gpumem_core::runtime_statics!(Hip);
-}
+gpumem_core::runtime_statics!(Hip);

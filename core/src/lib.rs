@@ -24,7 +24,11 @@
 //!    [`Memory`], [`UnownedMemory`], [`MemoryPointer`] (bounds-checked copies and memsets),
 //!    [`PinnedMemory`] and [`PinnedMemoryPointer`], [`SingleDeviceMemoryPool`] and
 //!    [`MemoryPool`], [`Stream`] and [`ExternalStream`], [`Event`], [`Graph`], [`Device`], and
-//!    the current device and stream of each thread.
+//!    the current device and stream of each thread. Its modules are layered the same way
+//!    (`state`, `memory`, `stream`, `device`, `device_allocator`, `pointer`, `pinned`, `pools`,
+//!    `allocator`, then `buffer`, `staging` and `transfer` over [`Runtime`]): each layer reaches
+//!    its own per-thread and per-process state through its own trait, so none names a higher
+//!    one's.
 //!
 //! [`host`] is a backend like the others (the same file names as the CUDA and HIP backends): the
 //! default one, where device memory is host memory and each stream is a worker thread.
@@ -122,7 +126,8 @@ pub use runtime::staging::{
     set_pageable_staging, PageableStaging, PageableStagingGuard, StagingCounts, DEFAULT_STAGING_CHUNK,
     DEFAULT_STAGING_THRESHOLD, MAX_STAGING_LANES, PAGEABLE_STAGING_ENV,
 };
-pub use runtime::state::{take_deferred_error, Runtime, PER_THREAD_DEFAULT_STREAM_ENV};
+pub use runtime::state::{take_deferred_error, PER_THREAD_DEFAULT_STREAM_ENV};
+pub use runtime::statics::Runtime;
 pub use runtime::stream::event::{get_elapsed_time, Event};
 pub use runtime::stream::graph::Graph;
 pub use runtime::stream::{
@@ -134,7 +139,10 @@ pub use runtime::transfer::CopySource;
 /// What the [`runtime_statics!`] macro names in a backend crate; not part of the API.
 #[doc(hidden)]
 pub mod __private {
-    pub use crate::runtime::state::{Globals, ThreadState};
+    pub use crate::runtime::allocator::{AllocatorGlobals, AllocatorRuntime, AllocatorThread};
+    pub use crate::runtime::state::{Globals, StateRuntime, ThreadState};
+    pub use crate::runtime::stream::state::{StreamGlobals, StreamThread};
+    pub use crate::runtime::stream::StreamRuntime;
 }
 
 /// Where this crate's sources are: the `src` directory of its package, as the absolute path the

@@ -1,6 +1,8 @@
 //! The layering rule of the crate docs, kept by a test: a module imports only its own layer and
 //! the layers below it (error 0; hal and hooks 1; pool 2; runtime 3; the host backend, a backend
-//! like the others, above all of them). Test modules (`tests.rs`) may use the host backend.
+//! like the others, above all of them). Inside the typed layer (`runtime`) the same rule holds
+//! between its modules, in the order of [`runtime_layer`]. Test modules (`tests.rs`) may use
+//! anything.
 
 use std::path::Path;
 
@@ -16,19 +18,52 @@ fn layer(module: &str) -> Option<u8> {
     }
 }
 
+/// The layer of a module of the typed layer (`runtime/`), lowest first: each one's per-thread and
+/// per-process state is reached through its own trait (`StateRuntime`, `StreamRuntime`,
+/// `AllocatorRuntime`, then `Runtime` over all), so none needs a higher one.
+fn runtime_layer(module: &str) -> Option<u8> {
+    let order = [
+        "state",
+        "memory",
+        "stream",
+        "device",
+        "device_allocator",
+        "pointer",
+        "pinned",
+        "pools",
+        "allocator",
+        "statics",
+        "buffer",
+        "staging",
+        "transfer",
+    ];
+    order.iter().position(|m| *m == module).map(|i| u8::try_from(i).unwrap())
+}
+
 /// The upward imports in `source`, a file of module `module`: `(line number, module it names)`.
 fn upward_imports(module: &str, source: &str) -> Vec<(usize, String)> {
+    upward_imports_by(layer, "crate::", module, source)
+}
+
+/// The imports in `source`, a file of module `module`, of modules named after `prefix` whose
+/// `layer` is above `module`'s.
+fn upward_imports_by(
+    layer: fn(&str) -> Option<u8>,
+    prefix: &str,
+    module: &str,
+    source: &str,
+) -> Vec<(usize, String)> {
     let Some(own) = layer(module) else { return Vec::new() };
     let mut found = Vec::new();
     for (n, line) in source.lines().enumerate() {
         let code = line.split("//").next().unwrap_or("");
-        for (i, _) in code.match_indices("crate::") {
+        for (i, _) in code.match_indices(prefix) {
             let before = code[..i].chars().last();
             if before.is_some_and(|c| c.is_alphanumeric() || c == '_' || c == '$') {
                 continue;
             }
             let name: String =
-                code[i + 7..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
+                code[i + prefix.len()..].chars().take_while(|c| c.is_alphanumeric() || *c == '_').collect();
             if let Some(l) = layer(&name) {
                 if l > own {
                     found.push((n + 1, name));
@@ -78,10 +113,43 @@ fn no_layer_imports_a_higher_one() {
 }
 
 #[test]
+fn no_module_of_the_typed_layer_imports_a_higher_one() {
+    let runtime = Path::new(env!("CARGO_MANIFEST_DIR")).join("src").join("runtime");
+    let mut files = Vec::new();
+    rust_files(&runtime, &mut files);
+    let mut violations = Vec::new();
+    let mut seen = 0;
+    for path in files {
+        let module = module_of(&path, &runtime);
+        if path.file_name().is_some_and(|n| n == "tests.rs") || module == "mod" {
+            continue;
+        }
+        assert!(runtime_layer(&module).is_some(), "`runtime/{module}` has a place in `runtime_layer`");
+        seen += 1;
+        let source = std::fs::read_to_string(&path).unwrap();
+        for (line, name) in upward_imports_by(runtime_layer, "crate::runtime::", &module, &source) {
+            violations
+                .push(format!("{}:{line}: `runtime::{module}` imports `runtime::{name}`", path.display()));
+        }
+    }
+    assert!(seen > 20, "the scan found the typed layer's sources");
+    assert!(violations.is_empty(), "upward imports in the typed layer:\n{}", violations.join("\n"));
+}
+
+#[test]
 fn the_check_sees_an_upward_import() {
     let pool_file = "use crate::error::Result;\nuse crate::runtime::stream::Stream;\n";
     assert_eq!(upward_imports("pool", pool_file), vec![(2, "runtime".to_owned())]);
     assert_eq!(upward_imports("hal", "use crate::pool::Pool; // a comment: crate::runtime\n").len(), 1);
     assert!(upward_imports("runtime", "use crate::pool::Pool;\nuse crate::hal::Api;\n").is_empty());
     assert!(upward_imports("hal", "use crate::error::Result;\nfn f() { $crate::runtime::x() }\n").is_empty());
+    let state_file = "use crate::runtime::stream::Stream;\n";
+    assert_eq!(upward_imports_by(runtime_layer, "crate::runtime::", "state", state_file).len(), 1);
+    assert!(upward_imports_by(
+        runtime_layer,
+        "crate::runtime::",
+        "stream",
+        "use crate::runtime::state::X;\n"
+    )
+    .is_empty());
 }

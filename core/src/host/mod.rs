@@ -68,7 +68,6 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::hal::{Api, Caps, DeviceId, StreamFlags};
-use crate::runtime::Runtime;
 
 pub use event::HostEvent;
 pub use graph::HostGraph;
@@ -165,6 +164,4 @@ impl Api for Host {
     type Graph = HostGraph;
 }
 
-impl Runtime for Host {
-    crate::runtime_statics!(Host);
-}
+crate::runtime_statics!(Host);

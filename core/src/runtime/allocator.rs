@@ -10,35 +10,98 @@
 //! [`reset_pinned_memory_allocator`] goes back to the default pool. gpumem's own pinned staging
 //! (the asynchronous copies of [`DeviceBuffer`](crate::DeviceBuffer)) goes through it.
 
+use std::cell::RefCell;
 use std::marker::PhantomData;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
+use std::thread::LocalKey;
+
+use parking_lot::RwLock;
 
 use crate::error::{Error, Result};
 use crate::runtime::memory::Memory;
+pub use crate::runtime::pinned::{PinnedMemoryAllocator, PlainPinnedAllocator};
 use crate::runtime::pinned::{PinnedMemoryPointer, PinnedMemoryPool};
+pub use crate::runtime::pointer::Allocator;
 use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::pools::MemoryPool;
-use crate::runtime::state::Runtime;
 use crate::runtime::state::ThreadBound;
+use crate::runtime::stream::StreamRuntime;
 
-/// Something that hands out device memory: a pool, the plain runtime allocator, or the user's
-/// own. Closures `Fn(usize) -> Result<MemoryPointer<B>>` are allocators.
-pub trait Allocator<B: Runtime>: Send + Sync {
-    /// Allocates `size` bytes on the current device.
-    ///
-    /// # Errors
-    ///
-    /// The allocator's.
-    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>>;
+/// The allocators' layer of [`Runtime`](crate::Runtime): the current allocators and the default
+/// pools. Implemented by [`runtime_statics!`](crate::runtime_statics); name `Runtime` in your own
+/// bounds.
+pub trait AllocatorRuntime: StreamRuntime {
+    /// This thread's allocator state for this backend.
+    #[doc(hidden)]
+    fn allocator_thread() -> &'static LocalKey<AllocatorThread<Self>>;
+    /// The process's allocator state for this backend.
+    #[doc(hidden)]
+    fn allocator_globals() -> &'static AllocatorGlobals<Self>;
 }
 
-impl<B: Runtime, F> Allocator<B> for F
-where
-    F: Fn(usize) -> Result<MemoryPointer<B>> + Send + Sync,
-{
-    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
-        self(size)
+/// A thread's copy of the process-wide allocator, with the generation it was read at.
+pub(crate) type CachedAllocator<B> = (u64, Arc<dyn Allocator<B>>);
+
+/// One thread's allocator state for backend `B`. Created by
+/// [`runtime_statics!`](crate::runtime_statics); its contents are private to the typed layer.
+pub struct AllocatorThread<B: AllocatorRuntime> {
+    /// The allocators of the `using_allocator` scopes entered on this thread, innermost last.
+    pub(crate) allocators: RefCell<Vec<Arc<dyn Allocator<B>>>>,
+    /// The process-wide allocator as this thread last read it, with the generation it read
+    /// (`AllocatorGlobals::allocator_generation`): `alloc` uses it without the global lock or a
+    /// reference count, which threads would otherwise all write to.
+    pub(crate) global_allocator: RefCell<Option<CachedAllocator<B>>>,
+}
+
+impl<B: AllocatorRuntime> AllocatorThread<B> {
+    /// A fresh thread's state: no scope, no copy. A `const fn`, so the thread-local needs no
+    /// lazy initialisation on the hot path.
+    #[must_use]
+    pub const fn new() -> Self {
+        AllocatorThread { allocators: RefCell::new(Vec::new()), global_allocator: RefCell::new(None) }
+    }
+}
+
+impl<B: AllocatorRuntime> Default for AllocatorThread<B> {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The process's allocator state for backend `B`. Created by
+/// [`runtime_statics!`](crate::runtime_statics).
+pub struct AllocatorGlobals<B: AllocatorRuntime> {
+    /// The allocator `alloc` uses when no `using_allocator` scope is active.
+    pub(crate) allocator: RwLock<Option<Arc<dyn Allocator<B>>>>,
+    /// Raised by every `set_allocator`, after the allocator is replaced: a thread whose copy of
+    /// the allocator is of an older generation reads it again.
+    pub(crate) allocator_generation: AtomicU64,
+    /// The default device memory pool (`get_default_memory_pool`).
+    pub(crate) memory_pool: OnceLock<Arc<MemoryPool<B>>>,
+    /// The default pinned memory pool (`get_default_pinned_memory_pool`).
+    pub(crate) pinned_pool: OnceLock<Arc<PinnedMemoryPool<B>>>,
+    /// The pinned allocator `alloc_pinned_memory` uses; `None`: the default pinned pool.
+    pub(crate) pinned_allocator: RwLock<Option<Arc<dyn PinnedMemoryAllocator<B>>>>,
+}
+
+impl<B: AllocatorRuntime> AllocatorGlobals<B> {
+    /// Empty state; everything is created on first use.
+    #[must_use]
+    pub fn new() -> Self {
+        AllocatorGlobals {
+            allocator: RwLock::new(None),
+            allocator_generation: AtomicU64::new(0),
+            memory_pool: OnceLock::new(),
+            pinned_pool: OnceLock::new(),
+            pinned_allocator: RwLock::new(None),
+        }
+    }
+}
+
+impl<B: AllocatorRuntime> Default for AllocatorGlobals<B> {
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -47,7 +110,7 @@ where
 #[derive(Clone, Copy, Debug, Default)]
 pub struct PlainAllocator;
 
-impl<B: Runtime> Allocator<B> for PlainAllocator {
+impl<B: AllocatorRuntime> Allocator<B> for PlainAllocator {
     fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
         Ok(MemoryPointer::from_memory(Memory::<B>::new(size)?))
     }
@@ -55,21 +118,21 @@ impl<B: Runtime> Allocator<B> for PlainAllocator {
 
 /// The backend's default memory pool (CuPy's `get_default_memory_pool()`).
 #[must_use]
-pub fn get_default_memory_pool<B: Runtime>() -> Arc<MemoryPool<B>> {
-    Arc::clone(B::globals().memory_pool.get_or_init(|| Arc::new(MemoryPool::new())))
+pub fn get_default_memory_pool<B: AllocatorRuntime>() -> Arc<MemoryPool<B>> {
+    Arc::clone(B::allocator_globals().memory_pool.get_or_init(|| Arc::new(MemoryPool::new())))
 }
 
 /// The backend's default pinned memory pool (CuPy's `get_default_pinned_memory_pool()`).
 #[must_use]
-pub fn get_default_pinned_memory_pool<B: Runtime>() -> Arc<PinnedMemoryPool<B>> {
-    Arc::clone(B::globals().pinned_pool.get_or_init(|| Arc::new(PinnedMemoryPool::new())))
+pub fn get_default_pinned_memory_pool<B: AllocatorRuntime>() -> Arc<PinnedMemoryPool<B>> {
+    Arc::clone(B::allocator_globals().pinned_pool.get_or_init(|| Arc::new(PinnedMemoryPool::new())))
 }
 
 /// The allocator [`alloc`] uses on this thread: the innermost `using_allocator`, else the
 /// process-wide one.
 #[must_use]
-pub fn get_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
-    if let Some(a) = B::thread_state().with(|ts| ts.allocators.borrow().last().cloned()) {
+pub fn get_allocator<B: AllocatorRuntime>() -> Arc<dyn Allocator<B>> {
+    if let Some(a) = B::allocator_thread().with(|ts| ts.allocators.borrow().last().cloned()) {
         return a;
     }
     global_allocator::<B>()
@@ -87,12 +150,12 @@ pub fn get_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
 ///
 /// The allocator's.
 #[inline]
-pub fn alloc<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
-    let fast = B::thread_state().try_with(|ts| {
+pub fn alloc<B: AllocatorRuntime>(size: usize) -> Result<MemoryPointer<B>> {
+    let fast = B::allocator_thread().try_with(|ts| {
         if !ts.allocators.try_borrow().is_ok_and(|scopes| scopes.is_empty()) {
             return None;
         }
-        let generation = B::globals().allocator_generation.load(Ordering::Acquire);
+        let generation = B::allocator_globals().allocator_generation.load(Ordering::Acquire);
         // Borrowed, not cloned, while the allocator runs: an allocator that calls `alloc` again
         // borrows it again; one that makes a refresh necessary meanwhile takes the slow path.
         let cached = ts.global_allocator.try_borrow().ok()?;
@@ -110,15 +173,15 @@ pub fn alloc<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
 /// `alloc` when this thread's copy of the allocator is missing or stale, or inside a
 /// `using_allocator` scope.
 #[cold]
-fn alloc_slow<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
-    let scoped = B::thread_state().try_with(|ts| ts.allocators.borrow().last().cloned()).ok().flatten();
+fn alloc_slow<B: AllocatorRuntime>(size: usize) -> Result<MemoryPointer<B>> {
+    let scoped = B::allocator_thread().try_with(|ts| ts.allocators.borrow().last().cloned()).ok().flatten();
     if let Some(a) = scoped {
         return a.malloc(size);
     }
     // The generation first: a `set_allocator` after it leaves this copy stale, never wrong.
-    let generation = B::globals().allocator_generation.load(Ordering::Acquire);
+    let generation = B::allocator_globals().allocator_generation.load(Ordering::Acquire);
     let a = global_allocator::<B>();
-    let _ = B::thread_state().try_with(|ts| {
+    let _ = B::allocator_thread().try_with(|ts| {
         if let Ok(mut cached) = ts.global_allocator.try_borrow_mut() {
             *cached = Some((generation, Arc::clone(&a)));
         }
@@ -127,8 +190,8 @@ fn alloc_slow<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
 }
 
 /// The process-wide allocator.
-fn global_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
-    if let Some(a) = B::globals().allocator.read().as_ref() {
+fn global_allocator<B: AllocatorRuntime>() -> Arc<dyn Allocator<B>> {
+    if let Some(a) = B::allocator_globals().allocator.read().as_ref() {
         return Arc::clone(a);
     }
     get_default_memory_pool::<B>()
@@ -140,18 +203,18 @@ fn global_allocator<B: Runtime>() -> Arc<dyn Allocator<B>> {
 /// # Errors
 ///
 /// [`Error::AllocatorInUse`] while a `using_allocator` guard is alive on this thread, as CuPy.
-pub fn set_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> Result<()> {
-    if B::thread_state().with(|ts| !ts.allocators.borrow().is_empty()) {
+pub fn set_allocator<B: AllocatorRuntime>(allocator: Option<Arc<dyn Allocator<B>>>) -> Result<()> {
+    if B::allocator_thread().with(|ts| !ts.allocators.borrow().is_empty()) {
         return Err(Error::AllocatorInUse);
     }
     let allocator = allocator.unwrap_or_else(|| Arc::new(PlainAllocator));
-    let globals = B::globals();
+    let globals = B::allocator_globals();
     let mut current = globals.allocator.write();
     let old = current.replace(allocator);
     globals.allocator_generation.fetch_add(1, Ordering::Release);
     drop(current);
     // This thread's copy goes now; other threads drop theirs at their next `alloc`.
-    let _ = B::thread_state().try_with(|ts| ts.global_allocator.try_borrow_mut().map(|mut c| c.take()));
+    let _ = B::allocator_thread().try_with(|ts| ts.global_allocator.try_borrow_mut().map(|mut c| c.take()));
     // The replaced allocator is dropped outside the lock (a pool's drop may call the runtime).
     drop(old);
     Ok(())
@@ -160,78 +223,42 @@ pub fn set_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> Re
 /// Makes `allocator` (`None`: [`PlainAllocator`]) this thread's allocator until the guard is
 /// dropped (CuPy's `with using_allocator(a):`). Scopes nest.
 #[must_use = "the allocator is restored as soon as the guard is dropped"]
-pub fn using_allocator<B: Runtime>(allocator: Option<Arc<dyn Allocator<B>>>) -> AllocatorGuard<B> {
+pub fn using_allocator<B: AllocatorRuntime>(allocator: Option<Arc<dyn Allocator<B>>>) -> AllocatorGuard<B> {
     let allocator = allocator.unwrap_or_else(|| Arc::new(PlainAllocator));
-    B::thread_state().with(|ts| ts.allocators.borrow_mut().push(allocator));
+    B::allocator_thread().with(|ts| ts.allocators.borrow_mut().push(allocator));
     AllocatorGuard { _not_send: PhantomData }
 }
 
 /// Ends a [`using_allocator`] scope when dropped.
-pub struct AllocatorGuard<B: Runtime> {
+pub struct AllocatorGuard<B: AllocatorRuntime> {
     _not_send: ThreadBound<B>,
 }
 
-impl<B: Runtime> Drop for AllocatorGuard<B> {
+impl<B: AllocatorRuntime> Drop for AllocatorGuard<B> {
     fn drop(&mut self) {
-        let _ = B::thread_state().try_with(|ts| ts.allocators.borrow_mut().pop());
-    }
-}
-
-/// Something that hands out pinned host memory: a [`PinnedMemoryPool`], unpooled pinned memory,
-/// or the program's own. Closures `Fn(usize) -> Result<PinnedMemoryPointer<B>>` are pinned
-/// allocators.
-pub trait PinnedMemoryAllocator<B: Runtime>: Send + Sync {
-    /// Allocates `size` bytes of pinned host memory.
-    ///
-    /// # Errors
-    ///
-    /// The allocator's.
-    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>>;
-}
-
-impl<B: Runtime, F> PinnedMemoryAllocator<B> for F
-where
-    F: Fn(usize) -> Result<PinnedMemoryPointer<B>> + Send + Sync,
-{
-    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
-        self(size)
-    }
-}
-
-impl<B: Runtime> PinnedMemoryAllocator<B> for PinnedMemoryPool<B> {
-    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
-        PinnedMemoryPool::malloc(self, size)
-    }
-}
-
-/// No pool: every pinned allocation is a runtime allocation, freed when its last pointer goes
-/// (CuPy's pinned `_malloc`, what `set_pinned_memory_allocator(None)` selects).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct PlainPinnedAllocator;
-
-impl<B: Runtime> PinnedMemoryAllocator<B> for PlainPinnedAllocator {
-    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
-        PinnedMemoryPointer::alloc(size)
+        let _ = B::allocator_thread().try_with(|ts| ts.allocators.borrow_mut().pop());
     }
 }
 
 /// Sets the process-wide pinned allocator (CuPy's `set_pinned_memory_allocator`); `None` selects
 /// [`PlainPinnedAllocator`] (no pool), as CuPy's `set_pinned_memory_allocator(None)`.
-pub fn set_pinned_memory_allocator<B: Runtime>(allocator: Option<Arc<dyn PinnedMemoryAllocator<B>>>) {
+pub fn set_pinned_memory_allocator<B: AllocatorRuntime>(
+    allocator: Option<Arc<dyn PinnedMemoryAllocator<B>>>,
+) {
     let allocator = allocator.unwrap_or_else(|| Arc::new(PlainPinnedAllocator));
-    *B::globals().pinned_allocator.write() = Some(allocator);
+    *B::allocator_globals().pinned_allocator.write() = Some(allocator);
 }
 
 /// Makes the default pinned memory pool the pinned allocator again, as it is at start.
-pub fn reset_pinned_memory_allocator<B: Runtime>() {
-    *B::globals().pinned_allocator.write() = None;
+pub fn reset_pinned_memory_allocator<B: AllocatorRuntime>() {
+    *B::allocator_globals().pinned_allocator.write() = None;
 }
 
 /// The pinned allocator [`alloc_pinned_memory`] uses: the one set, else the default pinned
 /// memory pool.
 #[must_use]
-pub fn get_pinned_memory_allocator<B: Runtime>() -> Arc<dyn PinnedMemoryAllocator<B>> {
-    if let Some(a) = B::globals().pinned_allocator.read().as_ref() {
+pub fn get_pinned_memory_allocator<B: AllocatorRuntime>() -> Arc<dyn PinnedMemoryAllocator<B>> {
+    if let Some(a) = B::allocator_globals().pinned_allocator.read().as_ref() {
         return Arc::clone(a);
     }
     get_default_pinned_memory_pool::<B>()
@@ -244,7 +271,7 @@ pub fn get_pinned_memory_allocator<B: Runtime>() -> Arc<dyn PinnedMemoryAllocato
 /// # Errors
 ///
 /// The allocator's.
-pub fn alloc_pinned_memory<B: Runtime>(size: usize) -> Result<PinnedMemoryPointer<B>> {
+pub fn alloc_pinned_memory<B: AllocatorRuntime>(size: usize) -> Result<PinnedMemoryPointer<B>> {
     crate::runtime::stream::inflight::collect::<B>();
     get_pinned_memory_allocator::<B>().malloc(size)
 }

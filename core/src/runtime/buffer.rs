@@ -37,7 +37,7 @@ use crate::hal::{DeviceId, DevicePtr};
 use crate::runtime::allocator::{alloc, alloc_pinned_memory};
 use crate::runtime::pinned::PinnedMemoryPointer;
 use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::state::Runtime;
+use crate::runtime::statics::Runtime;
 use crate::runtime::stream::Stream;
 
 /// `len` elements of `T` in device memory of backend `B`: the typed face of a

@@ -4,41 +4,41 @@ use std::marker::PhantomData;
 
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DeviceProperties, MemInfo};
-use crate::runtime::state::Runtime;
-use crate::runtime::state::ThreadBound;
+use crate::runtime::state::{current_device, device_count, ThreadBound};
+use crate::runtime::stream::StreamRuntime;
 
 /// A device of backend `B`: CuPy's `cupy.cuda.Device`.
 ///
 /// gpumem keeps its own current device per thread (device 0 on a new thread, as the runtimes
 /// do) and passes it to the backend explicitly, so the pool's hot path never asks the driver.
-pub struct Device<B: Runtime> {
+pub struct Device<B: StreamRuntime> {
     id: DeviceId,
     _backend: PhantomData<fn() -> B>,
 }
 
-impl<B: Runtime> Clone for Device<B> {
+impl<B: StreamRuntime> Clone for Device<B> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<B: Runtime> Copy for Device<B> {}
+impl<B: StreamRuntime> Copy for Device<B> {}
 
-impl<B: Runtime> PartialEq for Device<B> {
+impl<B: StreamRuntime> PartialEq for Device<B> {
     fn eq(&self, other: &Self) -> bool {
         self.id == other.id
     }
 }
 
-impl<B: Runtime> Eq for Device<B> {}
+impl<B: StreamRuntime> Eq for Device<B> {}
 
-impl<B: Runtime> std::fmt::Debug for Device<B> {
+impl<B: StreamRuntime> std::fmt::Debug for Device<B> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "<{} Device {}>", B::NAME, self.id)
     }
 }
 
-impl<B: Runtime> Device<B> {
+impl<B: StreamRuntime> Device<B> {
     /// The device with this ordinal. Checked when it is used.
     #[must_use]
     pub fn new(id: DeviceId) -> Self {
@@ -143,12 +143,12 @@ impl<B: Runtime> Device<B> {
 
 /// Restores the device that was current when [`Device::enter`] made another current.
 #[must_use = "the device stops being current as soon as the guard is dropped"]
-pub struct DeviceGuard<B: Runtime> {
+pub struct DeviceGuard<B: StreamRuntime> {
     previous: DeviceId,
     _not_send: ThreadBound<B>,
 }
 
-impl<B: Runtime> Drop for DeviceGuard<B> {
+impl<B: StreamRuntime> Drop for DeviceGuard<B> {
     fn drop(&mut self) {
         // The previous device was valid when the guard was made; an error cannot be reported
         // from `drop`, and gpumem's own notion of the current device is restored regardless.
@@ -157,27 +157,7 @@ impl<B: Runtime> Drop for DeviceGuard<B> {
     }
 }
 
-/// The calling thread's current device.
-pub(crate) fn current_device<B: Runtime>() -> DeviceId {
-    B::thread_state().try_with(|ts| ts.device.get()).unwrap_or(0)
-}
-
-fn set_current_device<B: Runtime>(id: DeviceId) {
-    let _ = B::thread_state().try_with(|ts| {
-        ts.device.set(id);
-        ts.refresh_arena_key();
-    });
-}
-
-/// The number of devices, asked of the runtime once per process once it answers.
-pub(crate) fn device_count<B: Runtime>() -> Result<usize> {
-    let globals = B::globals();
-    if let Some(n) = globals.device_count.get() {
-        return Ok(*n);
-    }
-    let n = B::device_count()?;
-    if n == 0 {
-        return Err(Error::NoDevice { backend: B::NAME });
-    }
-    Ok(*globals.device_count.get_or_init(|| n))
+fn set_current_device<B: StreamRuntime>(id: DeviceId) {
+    let _ = B::thread_state().try_with(|ts| ts.device.set(id));
+    let _ = B::stream_thread().try_with(|ts| ts.refresh_arena_key());
 }

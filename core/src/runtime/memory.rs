@@ -15,8 +15,9 @@ use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::counting::Counted;
 use crate::pool::{ArenaKey, PooledMemory, RawAllocator, RawBlock};
-use crate::runtime::device::current_device;
-use crate::runtime::state::{record_drop_error, Runtime};
+use crate::runtime::state::current_device;
+use crate::runtime::state::record_drop_error;
+use crate::runtime::state::StateRuntime;
 
 /// A block of device memory of backend `B`: CuPy's `BaseMemory`.
 ///
@@ -30,7 +31,7 @@ use crate::runtime::state::{record_drop_error, Runtime};
 /// on that stream until the stream has passed it, even after the object is dropped, and is used
 /// meanwhile only by that stream's later work (a pool's stream-ordered reuse, on blocks freed
 /// only after the device's queued work).
-pub unsafe trait BaseMemory<B: Runtime>: Send + Sync + fmt::Debug + 'static {
+pub unsafe trait BaseMemory<B: StateRuntime>: Send + Sync + fmt::Debug + 'static {
     /// The start address.
     fn ptr(&self) -> DevicePtr;
     /// The size in bytes.
@@ -61,14 +62,14 @@ pub unsafe trait BaseMemory<B: Runtime>: Send + Sync + fmt::Debug + 'static {
 }
 
 /// One raw device allocation, freed when dropped: CuPy's `Memory`.
-pub struct Memory<B: Runtime> {
+pub struct Memory<B: StateRuntime> {
     ptr: DevicePtr,
     size: usize,
     device_id: DeviceId,
     _backend: PhantomData<fn() -> B>,
 }
 
-impl<B: Runtime> Memory<B> {
+impl<B: StateRuntime> Memory<B> {
     /// Allocates `size` bytes on the current device. A size of 0 allocates nothing and gives a
     /// null pointer, as CuPy's `Memory(0)`.
     ///
@@ -90,7 +91,7 @@ impl<B: Runtime> Memory<B> {
     }
 }
 
-impl<B: Runtime> Drop for Memory<B> {
+impl<B: StateRuntime> Drop for Memory<B> {
     fn drop(&mut self) {
         if self.ptr != 0 {
             let (device, ptr) = (self.device_id, self.ptr);
@@ -107,14 +108,14 @@ impl<B: Runtime> Drop for Memory<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for Memory<B> {
+impl<B: StateRuntime> fmt::Debug for Memory<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<Memory 0x{:x} size={} device={}>", self.ptr, self.size, self.device_id)
     }
 }
 
 // SAFETY: the range is one live allocation of `B` on `device_id` until `drop` frees it.
-unsafe impl<B: Runtime> BaseMemory<B> for Memory<B> {
+unsafe impl<B: StateRuntime> BaseMemory<B> for Memory<B> {
     fn ptr(&self) -> DevicePtr {
         self.ptr
     }
@@ -131,7 +132,7 @@ unsafe impl<B: Runtime> BaseMemory<B> for Memory<B> {
 
 /// Device memory allocated by someone else, kept alive through an owner: CuPy's
 /// `UnownedMemory`. gpumem never frees it.
-pub struct UnownedMemory<B: Runtime> {
+pub struct UnownedMemory<B: StateRuntime> {
     ptr: DevicePtr,
     size: usize,
     device_id: DeviceId,
@@ -139,7 +140,7 @@ pub struct UnownedMemory<B: Runtime> {
     _backend: PhantomData<fn() -> B>,
 }
 
-impl<B: Runtime> UnownedMemory<B> {
+impl<B: StateRuntime> UnownedMemory<B> {
     /// Wraps `size` bytes at `ptr`, keeping `owner` alive as long as this object. With `None`
     /// for the device, the device is asked of the runtime from the pointer; host memory and
     /// memory the runtime does not know are taken as the current device's, as CuPy does.
@@ -172,14 +173,14 @@ impl<B: Runtime> UnownedMemory<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for UnownedMemory<B> {
+impl<B: StateRuntime> fmt::Debug for UnownedMemory<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<UnownedMemory 0x{:x} size={} device={}>", self.ptr, self.size, self.device_id)
     }
 }
 
 // SAFETY: the caller of `new` promised the range is valid while the owner, which we hold, lives.
-unsafe impl<B: Runtime> BaseMemory<B> for UnownedMemory<B> {
+unsafe impl<B: StateRuntime> BaseMemory<B> for UnownedMemory<B> {
     fn ptr(&self) -> DevicePtr {
         self.ptr
     }
@@ -198,7 +199,7 @@ unsafe impl<B: Runtime> BaseMemory<B> for UnownedMemory<B> {
 // lent (a block is freed only once all of it is free again); the pool checked that the block
 // holds the whole chunk, and the block is device memory of `B` (`A::Block: BaseMemory<B>`); the
 // address, size and device are fixed at construction.
-unsafe impl<B: Runtime, A: RawAllocator> BaseMemory<B> for PooledMemory<A>
+unsafe impl<B: StateRuntime, A: RawAllocator> BaseMemory<B> for PooledMemory<A>
 where
     A::Block: BaseMemory<B>,
 {
@@ -228,7 +229,7 @@ where
 // SAFETY: every method forwards to the inner block, a memory object of `B` that the counted
 // block owns and changes only as the inner allocator would change it alone, so the inner block's
 // promise is this one's.
-unsafe impl<B: Runtime, K: RawBlock + BaseMemory<B>> BaseMemory<B> for Counted<K> {
+unsafe impl<B: StateRuntime, K: RawBlock + BaseMemory<B>> BaseMemory<B> for Counted<K> {
     fn ptr(&self) -> DevicePtr {
         self.block().ptr()
     }
@@ -246,7 +247,7 @@ unsafe impl<B: Runtime, K: RawBlock + BaseMemory<B>> BaseMemory<B> for Counted<K
 /// The pool sees a memory object as a raw block.
 macro_rules! raw_block {
     ($($ty:ty),*) => {$(
-        impl<B: Runtime> RawBlock for $ty {
+        impl<B: StateRuntime> RawBlock for $ty {
             fn address(&self) -> DevicePtr {
                 BaseMemory::<B>::ptr(self)
             }
@@ -262,7 +263,7 @@ macro_rules! raw_block {
 raw_block!(Memory<B>, UnownedMemory<B>, Box<dyn BaseMemory<B>>);
 
 // SAFETY: forwards to the boxed object, which promises the same.
-unsafe impl<B: Runtime> BaseMemory<B> for Box<dyn BaseMemory<B>> {
+unsafe impl<B: StateRuntime> BaseMemory<B> for Box<dyn BaseMemory<B>> {
     fn ptr(&self) -> DevicePtr {
         (**self).ptr()
     }

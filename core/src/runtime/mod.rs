@@ -2,7 +2,8 @@
 //! before a backend sees it, keeps the memory that queued work can reach alive, and makes pointers
 //! of the pool's chunks.
 //!
-//! - [`state`]: the per-backend thread and process state ([`Runtime`]).
+//! - [`state`]: the lowest per-backend state: the current device, deferred errors; each layer
+//!   above keeps its own ([`statics`]: [`Runtime`], every layer's state together).
 //! - [`device`]: devices and the current device.
 //! - [`memory`] and [`pointer`](mod@pointer): memory objects and [`MemoryPointer`]; [`transfer`]: their
 //!   copies and memsets; [`staging`]: synchronous copies of pageable memory through pinned
@@ -14,6 +15,8 @@
 pub mod allocator;
 pub mod buffer;
 pub mod device;
+#[allow(unsafe_code)] // the raw blocks' memory objects
+pub mod device_allocator;
 #[allow(unsafe_code)]
 pub mod memory;
 #[allow(unsafe_code)]
@@ -25,6 +28,7 @@ pub mod pools;
 #[allow(unsafe_code)]
 pub mod staging;
 pub mod state;
+pub mod statics;
 #[allow(unsafe_code)]
 pub mod stream;
 #[allow(unsafe_code)]
@@ -33,4 +37,4 @@ pub mod transfer;
 pub use buffer::DeviceBuffer;
 pub use pointer::MemoryPointer;
 pub use pools::{MemoryPool, SingleDeviceMemoryPool};
-pub use state::Runtime;
+pub use statics::Runtime;

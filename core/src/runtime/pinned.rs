@@ -14,9 +14,10 @@ use std::sync::{Arc, Weak};
 use crate::error::{Error, Result};
 use crate::hal::DeviceId;
 use crate::pool::pinned::{pinned_rounded_size, PinnedCache};
-use crate::runtime::device::current_device;
 use crate::runtime::pointer::Offset;
-use crate::runtime::state::{record_drop_error, Runtime};
+use crate::runtime::state::current_device;
+use crate::runtime::state::record_drop_error;
+use crate::runtime::stream::StreamRuntime;
 
 /// A block of pinned host memory of backend `B`.
 ///
@@ -25,7 +26,7 @@ use crate::runtime::state::{record_drop_error, Runtime};
 /// Implementors promise that `ptr()..ptr() + size()` is host memory pinned by backend `B`'s
 /// runtime (or, for `size() == 0`, nothing), valid for reads and writes as long as the object
 /// lives, and that the values never change.
-pub unsafe trait PinnedBuffer<B: Runtime>: Send + Sync + fmt::Debug + 'static {
+pub unsafe trait PinnedBuffer<B: StreamRuntime>: Send + Sync + fmt::Debug + 'static {
     /// The start address.
     fn ptr(&self) -> *mut u8;
     /// The size in bytes.
@@ -34,7 +35,7 @@ pub unsafe trait PinnedBuffer<B: Runtime>: Send + Sync + fmt::Debug + 'static {
 
 /// One pinned host allocation (portable: usable from every device), freed when dropped: CuPy's
 /// `PinnedMemory`.
-pub struct PinnedMemory<B: Runtime> {
+pub struct PinnedMemory<B: StreamRuntime> {
     ptr: *mut u8,
     size: usize,
     device: DeviceId,
@@ -44,11 +45,11 @@ pub struct PinnedMemory<B: Runtime> {
 // SAFETY: the allocation is plain host memory owned by this value; nothing in it is tied to a
 // thread, and all access goes through raw copies whose races are the user's to order (as with
 // device memory).
-unsafe impl<B: Runtime> Send for PinnedMemory<B> {}
+unsafe impl<B: StreamRuntime> Send for PinnedMemory<B> {}
 // SAFETY: as for `Send`: `&PinnedMemory` only exposes the address and size.
-unsafe impl<B: Runtime> Sync for PinnedMemory<B> {}
+unsafe impl<B: StreamRuntime> Sync for PinnedMemory<B> {}
 
-impl<B: Runtime> PinnedMemory<B> {
+impl<B: StreamRuntime> PinnedMemory<B> {
     /// Allocates `size` bytes of pinned host memory; 0 allocates nothing (null pointer).
     ///
     /// # Errors
@@ -61,7 +62,7 @@ impl<B: Runtime> PinnedMemory<B> {
     }
 }
 
-impl<B: Runtime> Drop for PinnedMemory<B> {
+impl<B: StreamRuntime> Drop for PinnedMemory<B> {
     fn drop(&mut self) {
         if !self.ptr.is_null() {
             let (device, ptr) = (self.device, self.ptr as usize);
@@ -78,14 +79,14 @@ impl<B: Runtime> Drop for PinnedMemory<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for PinnedMemory<B> {
+impl<B: StreamRuntime> fmt::Debug for PinnedMemory<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<PinnedMemory {:p} size={}>", self.ptr, self.size)
     }
 }
 
 // SAFETY: one live pinned allocation of `B` until `drop`.
-unsafe impl<B: Runtime> PinnedBuffer<B> for PinnedMemory<B> {
+unsafe impl<B: StreamRuntime> PinnedBuffer<B> for PinnedMemory<B> {
     fn ptr(&self) -> *mut u8 {
         self.ptr
     }
@@ -117,24 +118,24 @@ unsafe impl<B: Runtime> PinnedBuffer<B> for PinnedMemory<B> {
 /// assert_eq!(out, [1, 2, 3, 4]);
 /// # Ok::<(), gpumem_core::Error>(())
 /// ```
-pub struct PinnedMemoryPointer<B: Runtime> {
+pub struct PinnedMemoryPointer<B: StreamRuntime> {
     mem: Arc<dyn PinnedBuffer<B>>,
     offset: Offset,
 }
 
-impl<B: Runtime> Clone for PinnedMemoryPointer<B> {
+impl<B: StreamRuntime> Clone for PinnedMemoryPointer<B> {
     fn clone(&self) -> Self {
         PinnedMemoryPointer { mem: Arc::clone(&self.mem), offset: self.offset }
     }
 }
 
-impl<B: Runtime> fmt::Debug for PinnedMemoryPointer<B> {
+impl<B: StreamRuntime> fmt::Debug for PinnedMemoryPointer<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<PinnedMemoryPointer {:p} mem={:?}>", self.ptr(), self.mem)
     }
 }
 
-impl<B: Runtime> PinnedMemoryPointer<B> {
+impl<B: StreamRuntime> PinnedMemoryPointer<B> {
     /// A pointer to the start of `mem`.
     pub fn from_buffer(mem: Arc<dyn PinnedBuffer<B>>) -> Self {
         PinnedMemoryPointer { mem, offset: Offset::ZERO }
@@ -263,7 +264,7 @@ crate::runtime::pointer::pointer_arithmetic!(PinnedMemoryPointer);
 
 /// Allocates raw pinned memory for a [`PinnedMemoryPool`]. The default calls the runtime; tests
 /// and embedders supply their own.
-pub trait PinnedAllocator<B: Runtime>: Send + Sync {
+pub trait PinnedAllocator<B: StreamRuntime>: Send + Sync {
     /// Allocates `size > 0` bytes.
     ///
     /// # Errors
@@ -276,7 +277,7 @@ pub trait PinnedAllocator<B: Runtime>: Send + Sync {
 #[derive(Debug, Default, Clone, Copy)]
 pub struct RuntimePinnedAllocator;
 
-impl<B: Runtime> PinnedAllocator<B> for RuntimePinnedAllocator {
+impl<B: StreamRuntime> PinnedAllocator<B> for RuntimePinnedAllocator {
     fn allocate(&self, size: usize) -> Result<Box<dyn PinnedBuffer<B>>> {
         Ok(Box::new(PinnedMemory::<B>::new(size)?))
     }
@@ -286,18 +287,18 @@ type Cache<B> = PinnedCache<Box<dyn PinnedBuffer<B>>>;
 
 /// A cache of pinned host buffers: CuPy's `PinnedMemoryPool`, with the rules of
 /// [`pool::pinned`](crate::pool::pinned).
-pub struct PinnedMemoryPool<B: Runtime> {
+pub struct PinnedMemoryPool<B: StreamRuntime> {
     allocator: Box<dyn PinnedAllocator<B>>,
     free: Arc<Cache<B>>,
 }
 
-impl<B: Runtime> fmt::Debug for PinnedMemoryPool<B> {
+impl<B: StreamRuntime> fmt::Debug for PinnedMemoryPool<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("PinnedMemoryPool").field("n_free_blocks", &self.n_free_blocks()).finish()
     }
 }
 
-impl<B: Runtime> Default for PinnedMemoryPool<B> {
+impl<B: StreamRuntime> Default for PinnedMemoryPool<B> {
     fn default() -> Self {
         Self::new()
     }
@@ -305,18 +306,18 @@ impl<B: Runtime> Default for PinnedMemoryPool<B> {
 
 /// A buffer lent by a [`PinnedMemoryPool`]; it goes back to the pool's free list when dropped
 /// (or is freed, if the pool is gone).
-struct PooledPinnedMemory<B: Runtime> {
+struct PooledPinnedMemory<B: StreamRuntime> {
     buffer: Option<Box<dyn PinnedBuffer<B>>>,
     pool: Weak<Cache<B>>,
 }
 
-impl<B: Runtime> fmt::Debug for PooledPinnedMemory<B> {
+impl<B: StreamRuntime> fmt::Debug for PooledPinnedMemory<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<PooledPinnedMemory {:p} size={}>", self.ptr(), self.size())
     }
 }
 
-impl<B: Runtime> Drop for PooledPinnedMemory<B> {
+impl<B: StreamRuntime> Drop for PooledPinnedMemory<B> {
     fn drop(&mut self) {
         if let (Some(buffer), Some(pool)) = (self.buffer.take(), self.pool.upgrade()) {
             pool.give_back(buffer.size(), buffer);
@@ -325,7 +326,7 @@ impl<B: Runtime> Drop for PooledPinnedMemory<B> {
 }
 
 // SAFETY: forwards to the pool's buffer, which this value owns until `drop`.
-unsafe impl<B: Runtime> PinnedBuffer<B> for PooledPinnedMemory<B> {
+unsafe impl<B: StreamRuntime> PinnedBuffer<B> for PooledPinnedMemory<B> {
     fn ptr(&self) -> *mut u8 {
         self.buffer.as_ref().map_or(std::ptr::null_mut(), |b| b.ptr())
     }
@@ -334,7 +335,7 @@ unsafe impl<B: Runtime> PinnedBuffer<B> for PooledPinnedMemory<B> {
     }
 }
 
-impl<B: Runtime> PinnedMemoryPool<B> {
+impl<B: StreamRuntime> PinnedMemoryPool<B> {
     /// A pool on the runtime's pinned allocator.
     #[must_use]
     pub fn new() -> Self {
@@ -381,5 +382,43 @@ impl<B: Runtime> PinnedMemoryPool<B> {
     #[must_use]
     pub fn n_free_blocks(&self) -> usize {
         self.free.n_free_blocks()
+    }
+}
+
+/// Something that hands out pinned host memory: a [`PinnedMemoryPool`], unpooled pinned memory,
+/// or the program's own. Closures `Fn(usize) -> Result<PinnedMemoryPointer<B>>` are pinned
+/// allocators.
+pub trait PinnedMemoryAllocator<B: StreamRuntime>: Send + Sync {
+    /// Allocates `size` bytes of pinned host memory.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's.
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>>;
+}
+
+impl<B: StreamRuntime, F> PinnedMemoryAllocator<B> for F
+where
+    F: Fn(usize) -> Result<PinnedMemoryPointer<B>> + Send + Sync,
+{
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        self(size)
+    }
+}
+
+impl<B: StreamRuntime> PinnedMemoryAllocator<B> for PinnedMemoryPool<B> {
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        PinnedMemoryPool::malloc(self, size)
+    }
+}
+
+/// No pool: every pinned allocation is a runtime allocation, freed when its last pointer goes
+/// (CuPy's pinned `_malloc`, what `set_pinned_memory_allocator(None)` selects).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct PlainPinnedAllocator;
+
+impl<B: StreamRuntime> PinnedMemoryAllocator<B> for PlainPinnedAllocator {
+    fn malloc(&self, size: usize) -> Result<PinnedMemoryPointer<B>> {
+        PinnedMemoryPointer::alloc(size)
     }
 }

@@ -17,9 +17,9 @@ use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::{ArenaKey, PooledMemory, RawAllocator};
 use crate::runtime::device::Device;
+use crate::runtime::device_allocator::DeviceAllocator;
 use crate::runtime::memory::BaseMemory;
-use crate::runtime::pools::DeviceAllocator;
-use crate::runtime::state::Runtime;
+use crate::runtime::stream::StreamRuntime;
 
 /// An exact byte offset from the start of a memory object.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -77,7 +77,7 @@ impl Offset {
 /// that is `Clone` (sharing its memory) and has a field `offset` ([`Offset`]).
 macro_rules! pointer_arithmetic {
     ($ptr:ident) => {
-        impl<B: Runtime> std::ops::Add<isize> for &$ptr<B> {
+        impl<B: StreamRuntime> std::ops::Add<isize> for &$ptr<B> {
             type Output = $ptr<B>;
             fn add(self, n: isize) -> $ptr<B> {
                 let mut p = self.clone();
@@ -86,7 +86,7 @@ macro_rules! pointer_arithmetic {
             }
         }
 
-        impl<B: Runtime> std::ops::Add<isize> for $ptr<B> {
+        impl<B: StreamRuntime> std::ops::Add<isize> for $ptr<B> {
             type Output = $ptr<B>;
             fn add(mut self, n: isize) -> $ptr<B> {
                 self.offset = self.offset.add(n);
@@ -94,21 +94,21 @@ macro_rules! pointer_arithmetic {
             }
         }
 
-        impl<B: Runtime> std::ops::Add<&$ptr<B>> for isize {
+        impl<B: StreamRuntime> std::ops::Add<&$ptr<B>> for isize {
             type Output = $ptr<B>;
             fn add(self, p: &$ptr<B>) -> $ptr<B> {
                 p + self
             }
         }
 
-        impl<B: Runtime> std::ops::Add<$ptr<B>> for isize {
+        impl<B: StreamRuntime> std::ops::Add<$ptr<B>> for isize {
             type Output = $ptr<B>;
             fn add(self, p: $ptr<B>) -> $ptr<B> {
                 p + self
             }
         }
 
-        impl<B: Runtime> std::ops::Sub<isize> for &$ptr<B> {
+        impl<B: StreamRuntime> std::ops::Sub<isize> for &$ptr<B> {
             type Output = $ptr<B>;
             fn sub(self, n: isize) -> $ptr<B> {
                 let mut p = self.clone();
@@ -117,7 +117,7 @@ macro_rules! pointer_arithmetic {
             }
         }
 
-        impl<B: Runtime> std::ops::Sub<isize> for $ptr<B> {
+        impl<B: StreamRuntime> std::ops::Sub<isize> for $ptr<B> {
             type Output = $ptr<B>;
             fn sub(mut self, n: isize) -> $ptr<B> {
                 self.offset = self.offset.sub(n);
@@ -125,13 +125,13 @@ macro_rules! pointer_arithmetic {
             }
         }
 
-        impl<B: Runtime> std::ops::AddAssign<isize> for $ptr<B> {
+        impl<B: StreamRuntime> std::ops::AddAssign<isize> for $ptr<B> {
             fn add_assign(&mut self, n: isize) {
                 self.offset = self.offset.add(n);
             }
         }
 
-        impl<B: Runtime> std::ops::SubAssign<isize> for $ptr<B> {
+        impl<B: StreamRuntime> std::ops::SubAssign<isize> for $ptr<B> {
             fn sub_assign(&mut self, n: isize) {
                 self.offset = self.offset.sub(n);
             }
@@ -148,7 +148,7 @@ type Chunk<B> = PooledMemory<DeviceAllocator<B>>;
 /// What a [`MemoryPointer`] holds of its memory, with the memory's address, size and device
 /// copied beside it (they never change: [`BaseMemory`]'s contract), so that the checks before a
 /// copy or memset make no virtual call.
-struct Held<B: Runtime> {
+struct Held<B: StreamRuntime> {
     base: DevicePtr,
     size: usize,
     device: DeviceId,
@@ -162,7 +162,7 @@ struct Held<B: Runtime> {
 /// clone, `&p + n`, [`MemoryPointer::mem`], work queued on it that must keep it alive), the chunk
 /// moves into an `Arc`, once: from then on the pointer and everything that shares the memory hold
 /// that `Arc`, and the chunk goes back when the last of them is dropped.
-enum Owner<B: Runtime> {
+enum Owner<B: StreamRuntime> {
     Shared(Arc<dyn BaseMemory<B>>),
     Inline {
         /// The chunk, until it is shared (then `None`). The lock is taken only to share it;
@@ -173,7 +173,7 @@ enum Owner<B: Runtime> {
     },
 }
 
-impl<B: Runtime> Held<B> {
+impl<B: StreamRuntime> Held<B> {
     fn shared(mem: Arc<dyn BaseMemory<B>>) -> Self {
         Held { base: mem.ptr(), size: mem.size(), device: mem.device_id(), owner: Owner::Shared(mem) }
     }
@@ -236,7 +236,7 @@ impl<B: Runtime> Held<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for Held<B> {
+impl<B: StreamRuntime> fmt::Debug for Held<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.owner {
             Owner::Shared(mem) => fmt::Debug::fmt(mem, f),
@@ -282,12 +282,12 @@ impl<B: Runtime> fmt::Debug for Held<B> {
 /// assert!(matches!((&p + 62).memset(9, 4), Err(Error::OutOfBounds { .. })));
 /// # Ok::<(), Error>(())
 /// ```
-pub struct MemoryPointer<B: Runtime> {
+pub struct MemoryPointer<B: StreamRuntime> {
     mem: Held<B>,
     offset: Offset,
 }
 
-impl<B: Runtime> Clone for MemoryPointer<B> {
+impl<B: StreamRuntime> Clone for MemoryPointer<B> {
     fn clone(&self) -> Self {
         let m = &self.mem;
         let owner = Owner::Shared(Arc::clone(m.arc()));
@@ -298,14 +298,14 @@ impl<B: Runtime> Clone for MemoryPointer<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for MemoryPointer<B> {
+impl<B: StreamRuntime> fmt::Debug for MemoryPointer<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // CuPy's repr: <MemoryPointer 0x... device=0 mem=...>
         write!(f, "<MemoryPointer 0x{:x} device={} mem={:?}>", self.ptr(), self.device_id(), self.mem)
     }
 }
 
-impl<B: Runtime> MemoryPointer<B> {
+impl<B: StreamRuntime> MemoryPointer<B> {
     /// A pointer `offset` bytes into `mem`.
     ///
     /// # Errors
@@ -432,5 +432,25 @@ impl<B: Runtime> MemoryPointer<B> {
     #[cfg(test)]
     pub(crate) fn is_inline(&self) -> bool {
         matches!(&self.mem.owner, Owner::Inline { shared, .. } if shared.get().is_none())
+    }
+}
+
+/// Something that hands out device memory: a pool, the plain runtime allocator, or the user's
+/// own. Closures `Fn(usize) -> Result<MemoryPointer<B>>` are allocators.
+pub trait Allocator<B: StreamRuntime>: Send + Sync {
+    /// Allocates `size` bytes on the current device.
+    ///
+    /// # Errors
+    ///
+    /// The allocator's.
+    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>>;
+}
+
+impl<B: StreamRuntime, F> Allocator<B> for F
+where
+    F: Fn(usize) -> Result<MemoryPointer<B>> + Send + Sync,
+{
+    fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
+        self(size)
     }
 }

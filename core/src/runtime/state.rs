@@ -1,182 +1,55 @@
-//! The typed layer's per-backend state: the current device, the current stream of each device,
-//! the pool's arena cache, the allocator in use and the default pools, per thread and per process.
+//! The typed layer's lowest state, per backend: the current device, the device count, the
+//! callback flag, and the errors and drops that `Drop` implementations leave for later.
 //!
 //! `thread_local!` and `static` items cannot be generic, so each backend declares its own with
-//! [`runtime_statics!`](crate::runtime_statics) in its `impl Runtime`, and the typed layer reaches
-//! them through [`Runtime`]. Two backends in one process therefore never share a current stream or
-//! a pool. The state's types are the typed layer's own business: backends only name them in that
-//! macro.
+//! [`runtime_statics!`](crate::runtime_statics), and the typed layer reaches them through a trait
+//! per layer: [`StateRuntime`] here, `StreamRuntime` in `stream` for the streams' state (the
+//! current streams, what queued work keeps alive), `AllocatorRuntime` in `allocator` for the
+//! current allocators and default pools, and [`Runtime`](crate::Runtime) over them all. Each layer names only its own state and what lies below, so the layers
+//! import downwards only. Two backends in one process never share a current stream or a pool.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::marker::PhantomData;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::thread::LocalKey;
 
-use parking_lot::RwLock;
-
-use crate::error::Error;
+use crate::error::{Error, Result};
 use crate::hal::{Backend, DeviceId};
-use crate::pool::{ArenaCache, ArenaKey};
-use crate::runtime::allocator::Allocator;
-use crate::runtime::pinned::PinnedMemoryPool;
-use crate::runtime::pools::MemoryPool;
-use crate::runtime::stream::Stream;
+use crate::pool::ArenaKey;
 
 /// A marker that keeps a guard on the thread that made it (`!Send`, `!Sync`).
 pub(crate) type ThreadBound<B> = PhantomData<(*const (), fn() -> B)>;
 
-/// A backend the typed layer can run on: a [`Backend`] with the typed layer's per-thread and
-/// per-process state. Every type of the typed layer (`MemoryPointer<B>`, `Stream<B>`, the pools)
-/// is generic over `B: Runtime`.
-///
-/// Implement it with [`runtime_statics!`](crate::runtime_statics):
-///
-/// ```ignore
-/// impl gpumem_core::Runtime for MyBackend {
-///     gpumem_core::runtime_statics!(MyBackend);
-/// }
-/// ```
-pub trait Runtime: Backend {
+/// The lowest layer of [`Runtime`](crate::Runtime): a [`Backend`] with the typed layer's current
+/// device and deferred errors. Implemented by [`runtime_statics!`](crate::runtime_statics); name
+/// `Runtime` in your own bounds.
+pub trait StateRuntime: Backend {
     /// This thread's state for this backend.
     #[doc(hidden)]
-    fn thread_state() -> &'static LocalKey<ThreadState<Self>>;
+    fn thread_state() -> &'static LocalKey<ThreadState>;
     /// The process's state for this backend.
     #[doc(hidden)]
-    fn globals() -> &'static Globals<Self>;
+    fn globals() -> &'static Globals;
 }
 
-/// Implements [`Runtime`] for a backend: declares its thread-local and process-wide state. Use it
-/// as the whole body of `impl Runtime for X`.
-#[macro_export]
-macro_rules! runtime_statics {
-    ($backend:ty) => {
-        fn thread_state() -> &'static ::std::thread::LocalKey<$crate::__private::ThreadState<$backend>> {
-            ::std::thread_local! {
-                static STATE: $crate::__private::ThreadState<$backend> =
-                    const { $crate::__private::ThreadState::new() };
-            }
-            &STATE
-        }
-
-        fn globals() -> &'static $crate::__private::Globals<$backend> {
-            static GLOBALS: ::std::sync::OnceLock<$crate::__private::Globals<$backend>> =
-                ::std::sync::OnceLock::new();
-            GLOBALS.get_or_init($crate::__private::Globals::new)
-        }
-    };
-}
-
-/// A thread's copy of the process-wide allocator, with the generation it was read at.
-pub(crate) type CachedAllocator<B> = (u64, Arc<dyn Allocator<B>>);
-
-/// One thread's state for backend `B`. Created by [`runtime_statics!`](crate::runtime_statics);
-/// its contents are private to the typed layer.
-pub struct ThreadState<B: Runtime> {
+/// One thread's lowest state for a backend. Created by
+/// [`runtime_statics!`](crate::runtime_statics); its contents are private to the typed layer.
+pub struct ThreadState {
     /// gpumem's current device for this thread.
     pub(crate) device: Cell<DeviceId>,
-    /// The current stream of each device; `None` is the default stream.
-    pub(crate) streams: RefCell<Vec<Option<Stream<B>>>>,
-    /// The arena key of the current device's current stream: what the pool's hot path reads
-    /// ([`ArenaKey::UNSET`] until first read).
-    pub(crate) arena_key: Cell<ArenaKey>,
-    /// The pool's per-thread cache of arenas.
-    pub(crate) arenas: ArenaCache,
-    /// The allocators of the `using_allocator` scopes entered on this thread, innermost last.
-    pub(crate) allocators: RefCell<Vec<Arc<dyn Allocator<B>>>>,
-    /// The process-wide allocator as this thread last read it, with the generation it read
-    /// (`Globals::allocator_generation`): `alloc` uses it without the global lock or a reference
-    /// count, which threads would otherwise all write to.
-    pub(crate) global_allocator: RefCell<Option<CachedAllocator<B>>>,
-    /// Captures gpumem began on this thread's per-thread default stream and has not ended:
-    /// their device and stream identity. They are ended when the thread exits (see `Drop`).
-    pub(crate) per_thread_captures: RefCell<Vec<(DeviceId, ArenaKey)>>,
 }
 
-impl<B: Runtime> Drop for ThreadState<B> {
-    /// Ends what this thread's per-thread default stream still captures, discarding the graph:
-    /// the stream goes with the thread, and CUDA's driver (580.159) crashes when other threads'
-    /// legacy-stream work meets a per-thread stream torn down while it captures.
-    fn drop(&mut self) {
-        for (device, identity) in self.per_thread_captures.get_mut().drain(..) {
-            crate::runtime::stream::end_abandoned_capture::<B>(device, identity);
-        }
-    }
-}
-
-impl<B: Runtime> ThreadState<B> {
-    /// A fresh thread's state: device 0, every device on its default stream. A `const fn`, so
-    /// the thread-local needs no lazy initialisation on the hot path.
+impl ThreadState {
+    /// A fresh thread's state: device 0. A `const fn`, so the thread-local needs no lazy
+    /// initialisation.
     #[must_use]
     pub const fn new() -> Self {
-        ThreadState {
-            device: Cell::new(0),
-            streams: RefCell::new(Vec::new()),
-            arena_key: Cell::new(ArenaKey::UNSET),
-            arenas: ArenaCache::new(),
-            allocators: RefCell::new(Vec::new()),
-            global_allocator: RefCell::new(None),
-            per_thread_captures: RefCell::new(Vec::new()),
-        }
-    }
-
-    /// The arena key of the current device's current stream.
-    #[inline]
-    pub(crate) fn arena_key(&self) -> ArenaKey {
-        let key = self.arena_key.get();
-        if key == ArenaKey::UNSET {
-            self.first_arena_key()
-        } else {
-            key
-        }
-    }
-
-    #[cold]
-    fn first_arena_key(&self) -> ArenaKey {
-        self.refresh_arena_key();
-        self.arena_key.get()
-    }
-
-    /// The current stream of `dev`, if one was set (`None`: the default stream).
-    pub(crate) fn stream_of(&self, dev: DeviceId) -> Option<Stream<B>> {
-        self.with_stream_of(dev, Stream::clone)
-    }
-
-    /// Applies `f` to the current stream of `dev`, if one was set, without cloning it.
-    pub(crate) fn with_stream_of<R>(&self, dev: DeviceId, f: impl FnOnce(&Stream<B>) -> R) -> Option<R> {
-        let streams = self.streams.borrow();
-        usize::try_from(dev).ok().and_then(|i| streams.get(i)).and_then(Option::as_ref).map(f)
-    }
-
-    /// Makes `stream` (`None`: the default) current for `dev` and returns what was current.
-    pub(crate) fn replace_stream(&self, dev: DeviceId, stream: Option<Stream<B>>) -> Option<Stream<B>> {
-        let Ok(i) = usize::try_from(dev) else {
-            return None;
-        };
-        let old = {
-            let mut streams = self.streams.borrow_mut();
-            if streams.len() <= i {
-                streams.resize_with(i + 1, || None);
-            }
-            std::mem::replace(&mut streams[i], stream)
-        };
-        if dev == self.device.get() {
-            self.refresh_arena_key();
-        }
-        old
-    }
-
-    /// Recomputes the cached arena key after the device or its stream changed.
-    pub(crate) fn refresh_arena_key(&self) {
-        let key = match self.stream_of(self.device.get()) {
-            Some(s) => s.arena_key(),
-            None => default_arena_key(),
-        };
-        self.arena_key.set(key);
+        ThreadState { device: Cell::new(0) }
     }
 }
 
-impl<B: Runtime> Default for ThreadState<B> {
+impl Default for ThreadState {
     fn default() -> Self {
         Self::new()
     }
@@ -185,33 +58,15 @@ impl<B: Runtime> Default for ThreadState<B> {
 /// A drop or free to run later, elsewhere.
 pub(crate) type Deferred = Box<dyn FnOnce() + Send>;
 
-/// Process-wide state for backend `B`. Created by [`runtime_statics!`](crate::runtime_statics).
-pub struct Globals<B: Runtime> {
-    /// The allocator `alloc` uses when no `using_allocator` scope is active.
-    pub(crate) allocator: RwLock<Option<Arc<dyn Allocator<B>>>>,
-    /// Raised by every `set_allocator`, after the allocator is replaced: a thread whose copy of
-    /// the allocator is of an older generation reads it again.
-    pub(crate) allocator_generation: std::sync::atomic::AtomicU64,
-    /// The default device memory pool (`get_default_memory_pool`).
-    pub(crate) memory_pool: OnceLock<Arc<MemoryPool<B>>>,
-    /// The default pinned memory pool (`get_default_pinned_memory_pool`).
-    pub(crate) pinned_pool: OnceLock<Arc<PinnedMemoryPool<B>>>,
-    /// The pinned allocator `alloc_pinned_memory` uses; `None`: the default pinned pool.
-    pub(crate) pinned_allocator: RwLock<Option<Arc<dyn crate::runtime::allocator::PinnedMemoryAllocator<B>>>>,
+/// The process's lowest state for a backend. Created by
+/// [`runtime_statics!`](crate::runtime_statics).
+pub struct Globals {
     /// Number of devices, read once.
     pub(crate) device_count: OnceLock<usize>,
-    /// Panics caught in callbacks, by stream raw value, until that stream's next `synchronize`.
-    pub(crate) panics: parking_lot::Mutex<Vec<(ArenaKey, String)>>,
-    /// What queued work and captures keep alive (see `stream::inflight`).
-    pub(crate) inflight: crate::runtime::stream::inflight::InFlight<B>,
-    /// The live streams gpumem owns, by arena key (see `stream::owned_stream`).
-    pub(crate) owned_streams: parking_lot::Mutex<
-        std::collections::HashMap<ArenaKey, std::sync::Weak<crate::runtime::stream::Inner<B>>>,
-    >,
     /// Drops that a callback could not do (freeing memory, destroying a handle, waiting),
     /// done at the next `synchronize` or asynchronous operation on a user thread.
     pub(crate) deferred_drops: parking_lot::Mutex<Vec<Deferred>>,
-    pub(crate) any_deferred_drops: std::sync::atomic::AtomicBool,
+    pub(crate) any_deferred_drops: AtomicBool,
     /// The thread that frees pinned memory (see `free_in_background`); `None` if it could not
     /// start.
     pub(crate) reaper: OnceLock<Option<parking_lot::Mutex<std::sync::mpsc::Sender<Deferred>>>>,
@@ -219,35 +74,72 @@ pub struct Globals<B: Runtime> {
     /// next `synchronize` of a stream or device, or [`take_deferred_error`], reports it.
     pub(crate) deferred: parking_lot::Mutex<Option<Error>>,
     /// Whether `deferred` holds an error (read without the lock on every `synchronize`).
-    pub(crate) any_deferred: std::sync::atomic::AtomicBool,
+    pub(crate) any_deferred: AtomicBool,
 }
 
-impl<B: Runtime> Globals<B> {
+impl Globals {
     /// Empty state; everything is created on first use.
     #[must_use]
-    pub fn new() -> Self {
+    pub const fn new() -> Self {
         Globals {
-            allocator: RwLock::new(None),
-            allocator_generation: std::sync::atomic::AtomicU64::new(0),
-            memory_pool: OnceLock::new(),
-            pinned_pool: OnceLock::new(),
-            pinned_allocator: RwLock::new(None),
             device_count: OnceLock::new(),
-            panics: parking_lot::Mutex::new(Vec::new()),
-            inflight: crate::runtime::stream::inflight::InFlight::new(),
-            owned_streams: parking_lot::Mutex::new(std::collections::HashMap::new()),
             deferred_drops: parking_lot::Mutex::new(Vec::new()),
-            any_deferred_drops: std::sync::atomic::AtomicBool::new(false),
+            any_deferred_drops: AtomicBool::new(false),
             reaper: OnceLock::new(),
             deferred: parking_lot::Mutex::new(None),
-            any_deferred: std::sync::atomic::AtomicBool::new(false),
+            any_deferred: AtomicBool::new(false),
         }
     }
 }
 
-impl<B: Runtime> Default for Globals<B> {
+impl Default for Globals {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+/// The calling thread's current device.
+pub(crate) fn current_device<B: StateRuntime>() -> DeviceId {
+    B::thread_state().try_with(|ts| ts.device.get()).unwrap_or(0)
+}
+
+/// The number of devices, asked of the runtime once per process once it answers.
+pub(crate) fn device_count<B: StateRuntime>() -> Result<usize> {
+    let globals = B::globals();
+    if let Some(n) = globals.device_count.get() {
+        return Ok(*n);
+    }
+    let n = B::device_count()?;
+    if n == 0 {
+        return Err(Error::NoDevice { backend: B::NAME });
+    }
+    Ok(*globals.device_count.get_or_init(|| n))
+}
+
+thread_local! {
+    /// Whether this thread is running a host function or stream callback now.
+    static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
+}
+
+/// Whether the calling thread is inside a host function or stream callback, where the runtimes
+/// refuse API calls: what would free memory, destroy a handle or wait is deferred or refused.
+pub(crate) fn in_callback() -> bool {
+    IN_CALLBACK.try_with(Cell::get).unwrap_or(0) > 0
+}
+
+/// Marks the calling thread as inside a callback until dropped.
+pub(crate) struct CallbackMark(());
+
+impl CallbackMark {
+    pub(crate) fn enter() -> Self {
+        let _ = IN_CALLBACK.try_with(|c| c.set(c.get() + 1));
+        CallbackMark(())
+    }
+}
+
+impl Drop for CallbackMark {
+    fn drop(&mut self) {
+        let _ = IN_CALLBACK.try_with(|c| c.set(c.get().saturating_sub(1)));
     }
 }
 
@@ -262,8 +154,8 @@ pub const PER_THREAD_DEFAULT_STREAM_ENV: &str = "GPUMEM_PER_THREAD_DEFAULT_STREA
 ///
 /// `InvalidEnvironment` for a malformed value, at every call. Each new pool reports it
 /// ([`SingleDeviceMemoryPool::with_allocator`](crate::SingleDeviceMemoryPool::with_allocator)).
-pub(crate) fn per_thread_default_stream_checked() -> crate::Result<bool> {
-    static PTDS: OnceLock<crate::Result<bool>> = OnceLock::new();
+pub(crate) fn per_thread_default_stream_checked() -> Result<bool> {
+    static PTDS: OnceLock<Result<bool>> = OnceLock::new();
     PTDS.get_or_init(|| Ok(crate::env::flag(PER_THREAD_DEFAULT_STREAM_ENV)?.unwrap_or(false))).clone()
 }
 
@@ -276,7 +168,7 @@ pub(crate) fn per_thread_default_stream() -> bool {
 /// Keeps an error met in a `Drop` (which cannot return it) for the next `synchronize` or
 /// [`take_deferred_error`], as cudarc records errors from its destructors. The first error is
 /// kept; later ones, until it is reported, are dropped.
-pub(crate) fn record_drop_error<B: Runtime>(error: Error) {
+pub(crate) fn record_drop_error<B: StateRuntime>(error: Error) {
     let g = B::globals();
     let mut slot = g.deferred.lock();
     if slot.is_none() {
@@ -289,7 +181,7 @@ pub(crate) fn record_drop_error<B: Runtime>(error: Error) {
 /// pinned memory, a failed stream, event or graph destroy), if any; the slot is empty afterwards.
 /// `Stream::synchronize` and `Device::synchronize` report it too.
 #[must_use]
-pub fn take_deferred_error<B: Runtime>() -> Option<Error> {
+pub fn take_deferred_error<B: StateRuntime>() -> Option<Error> {
     let g = B::globals();
     if !g.any_deferred.load(Ordering::Acquire) {
         return None;
@@ -302,8 +194,8 @@ pub fn take_deferred_error<B: Runtime>() -> Option<Error> {
 /// Runs `drop` now, or, inside a host function or callback (where the runtimes refuse the API
 /// calls a drop makes), later on a user thread: at the next `synchronize` or asynchronous
 /// operation.
-pub(crate) fn drop_outside_callbacks<B: Runtime>(drop: impl FnOnce() + Send + 'static) {
-    if crate::runtime::stream::callback::in_callback() {
+pub(crate) fn drop_outside_callbacks<B: StateRuntime>(drop: impl FnOnce() + Send + 'static) {
+    if in_callback() {
         let g = B::globals();
         g.deferred_drops.lock().push(Box::new(drop));
         g.any_deferred_drops.store(true, Ordering::Release);
@@ -316,7 +208,7 @@ pub(crate) fn drop_outside_callbacks<B: Runtime>(drop: impl FnOnce() + Send + 's
 /// whole device (`cuMemFreeHost` does) never waits on the caller's thread, which a stream may be
 /// waiting for (a host function blocked on the caller would then never finish). Falls back to
 /// running it here when the thread cannot be started.
-pub(crate) fn free_in_background<B: Runtime>(free: Deferred) {
+pub(crate) fn free_in_background<B: StateRuntime>(free: Deferred) {
     let g = B::globals();
     let sender = g.reaper.get_or_init(|| {
         let (tx, rx) = std::sync::mpsc::channel::<Deferred>();
@@ -338,7 +230,7 @@ pub(crate) fn free_in_background<B: Runtime>(free: Deferred) {
 }
 
 /// Runs the drops deferred from callbacks.
-pub(crate) fn run_deferred<B: Runtime>() {
+pub(crate) fn run_deferred<B: StateRuntime>() {
     let g = B::globals();
     if !g.any_deferred_drops.load(Ordering::Acquire) {
         return;
@@ -351,7 +243,7 @@ pub(crate) fn run_deferred<B: Runtime>() {
 }
 
 /// `Err` with the deferred error of `B`, if one is waiting.
-pub(crate) fn check_deferred<B: Runtime>() -> crate::Result<()> {
+pub(crate) fn check_deferred<B: StateRuntime>() -> Result<()> {
     take_deferred_error::<B>().map_or(Ok(()), Err)
 }
 

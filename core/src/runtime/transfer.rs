@@ -12,7 +12,7 @@ use crate::hal::{CaptureStatus, DeviceId, DevicePtr};
 use crate::runtime::pinned::PinnedMemoryPointer;
 use crate::runtime::pointer::MemoryPointer;
 use crate::runtime::staging::{self, Direction};
-use crate::runtime::state::Runtime;
+use crate::runtime::statics::Runtime;
 use std::sync::Arc;
 
 use crate::runtime::stream::inflight::{self, Keep, Range, Reuse, Target};

@@ -41,11 +41,12 @@ use std::sync::{Mutex, OnceLock};
 use crate::error::{Error, Result};
 use crate::hal::{AsyncPoolAttribute, CaptureStatus, DeviceId, DevicePtr};
 use crate::pool::Limit;
-use crate::runtime::allocator::Allocator;
-use crate::runtime::device::{current_device, device_count};
 use crate::runtime::memory::BaseMemory;
+use crate::runtime::pointer::Allocator;
 use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::state::{drop_outside_callbacks, record_drop_error, Runtime};
+use crate::runtime::state::{current_device, device_count};
+use crate::runtime::state::{drop_outside_callbacks, record_drop_error};
+use crate::runtime::stream::StreamRuntime;
 use crate::runtime::stream::{self, inflight, Stream};
 
 /// How many times an out-of-memory allocation is retried after synchronising the current stream
@@ -53,7 +54,7 @@ use crate::runtime::stream::{self, inflight, Stream};
 const OOM_RETRIES: usize = 2;
 
 /// Refuses the stream-ordered allocator on a backend without one.
-fn check_supported<B: Runtime>(operation: &'static str) -> Result<()> {
+fn check_supported<B: StreamRuntime>(operation: &'static str) -> Result<()> {
     if B::CAPS.stream_ordered_allocation {
         Ok(())
     } else {
@@ -63,7 +64,7 @@ fn check_supported<B: Runtime>(operation: &'static str) -> Result<()> {
 
 /// Device memory from the runtime's stream-ordered allocator: CuPy's `MemoryAsync`. It is freed
 /// on its stream when dropped (see the [module docs](self)).
-pub struct MemoryAsync<B: Runtime> {
+pub struct MemoryAsync<B: StreamRuntime> {
     ptr: DevicePtr,
     size: usize,
     device_id: DeviceId,
@@ -71,7 +72,7 @@ pub struct MemoryAsync<B: Runtime> {
     stream: Stream<B>,
 }
 
-impl<B: Runtime> MemoryAsync<B> {
+impl<B: StreamRuntime> MemoryAsync<B> {
     /// Allocates `size` bytes on the current device, ordered on `stream` (the current stream for
     /// `None`). A size of 0 allocates nothing and gives a null pointer, as CuPy's.
     ///
@@ -113,7 +114,7 @@ impl<B: Runtime> MemoryAsync<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for MemoryAsync<B> {
+impl<B: StreamRuntime> fmt::Debug for MemoryAsync<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
@@ -129,7 +130,7 @@ impl<B: Runtime> fmt::Debug for MemoryAsync<B> {
 // SAFETY: the range is one live stream-ordered allocation of `B` on `device_id`, allocated on a
 // stream that reached the allocation before any work gpumem orders after it (same stream, or an
 // event of it), and freed only in `drop`.
-unsafe impl<B: Runtime> BaseMemory<B> for MemoryAsync<B> {
+unsafe impl<B: StreamRuntime> BaseMemory<B> for MemoryAsync<B> {
     fn ptr(&self) -> DevicePtr {
         self.ptr
     }
@@ -144,7 +145,7 @@ unsafe impl<B: Runtime> BaseMemory<B> for MemoryAsync<B> {
     }
 }
 
-impl<B: Runtime> Drop for MemoryAsync<B> {
+impl<B: StreamRuntime> Drop for MemoryAsync<B> {
     fn drop(&mut self) {
         if self.ptr == 0 {
             return;
@@ -164,14 +165,14 @@ impl<B: Runtime> Drop for MemoryAsync<B> {
 }
 
 /// A stream-ordered free not yet queued.
-struct PendingFree<B: Runtime> {
+struct PendingFree<B: StreamRuntime> {
     ptr: DevicePtr,
     size: usize,
     device: DeviceId,
     stream: Stream<B>,
 }
 
-impl<B: Runtime> PendingFree<B> {
+impl<B: StreamRuntime> PendingFree<B> {
     /// Queues the free on its stream, ordered after other streams' queued work on its bytes.
     /// Gives itself back when the stream captures (the free would become part of the graph).
     fn try_free(self) -> Option<Self> {
@@ -211,7 +212,7 @@ fn pending() -> &'static Mutex<Vec<Retry>> {
     PENDING.get_or_init(|| Mutex::new(Vec::new()))
 }
 
-fn hold<B: Runtime>(free: PendingFree<B>) {
+fn hold<B: StreamRuntime>(free: PendingFree<B>) {
     let mut slot = Some(free);
     let retry: Retry = Box::new(move || match slot.take() {
         Some(f) => {
@@ -249,7 +250,7 @@ pub fn n_pending_async_frees() -> usize {
 /// # Errors
 ///
 /// As [`MemoryAsync::new`].
-pub fn malloc_async<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
+pub fn malloc_async<B: StreamRuntime>(size: usize) -> Result<MemoryPointer<B>> {
     Ok(MemoryPointer::from_memory(MemoryAsync::<B>::new(size, None)?))
 }
 
@@ -272,17 +273,17 @@ pub fn malloc_async<B: Runtime>(size: usize) -> Result<MemoryPointer<B>> {
 /// pool.free_all_blocks(None)?;
 /// # Ok::<(), gpumem_core::Error>(())
 /// ```
-pub struct MemoryAsyncPool<B: Runtime> {
+pub struct MemoryAsyncPool<B: StreamRuntime> {
     _backend: PhantomData<fn() -> B>,
 }
 
-impl<B: Runtime> fmt::Debug for MemoryAsyncPool<B> {
+impl<B: StreamRuntime> fmt::Debug for MemoryAsyncPool<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "MemoryAsyncPool<{}>", B::NAME)
     }
 }
 
-impl<B: Runtime> MemoryAsyncPool<B> {
+impl<B: StreamRuntime> MemoryAsyncPool<B> {
     /// The pool: each device's default stream-ordered pool, its limit set from
     /// `GPUMEM_GPU_MEMORY_LIMIT` (unset: no limit), as CuPy's `MemoryAsyncPool()` does for every
     /// device.
@@ -443,7 +444,7 @@ impl<B: Runtime> MemoryAsyncPool<B> {
     }
 }
 
-impl<B: Runtime> Allocator<B> for MemoryAsyncPool<B> {
+impl<B: StreamRuntime> Allocator<B> for MemoryAsyncPool<B> {
     fn malloc(&self, size: usize) -> Result<MemoryPointer<B>> {
         MemoryAsyncPool::malloc(self, size)
     }

@@ -3,7 +3,6 @@
 //! in the user's terms.
 
 pub mod async_pool;
-mod device;
 mod multi;
 mod share;
 #[cfg(test)]
@@ -20,11 +19,11 @@ use crate::pool::{
 };
 use crate::runtime::memory::{BaseMemory, Memory};
 use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::state::Runtime;
 use crate::runtime::stream::Stream;
+use crate::runtime::stream::StreamRuntime;
 
+pub use crate::runtime::device_allocator::{DeviceAllocator, DeviceBlock};
 pub use async_pool::{malloc_async, MemoryAsync, MemoryAsyncPool};
-pub use device::{DeviceAllocator, DeviceBlock};
 pub use multi::MemoryPool;
 pub use share::EventStreamOrder;
 
@@ -33,7 +32,7 @@ pub use share::EventStreamOrder;
 /// own does not.
 pub struct FnAllocator<F>(pub F);
 
-impl<B: Runtime, F> RawAllocator for FnAllocator<F>
+impl<B: StreamRuntime, F> RawAllocator for FnAllocator<F>
 where
     F: Fn(DeviceId, usize) -> Result<Box<dyn BaseMemory<B>>> + Send + Sync + 'static,
 {
@@ -70,7 +69,7 @@ where
 /// assert_eq!(pool.total_bytes(), 0);
 /// # Ok::<(), gpumem_core::Error>(())
 /// ```
-pub struct SingleDeviceMemoryPool<B: Runtime, A: RawAllocator = DeviceAllocator<B>> {
+pub struct SingleDeviceMemoryPool<B: StreamRuntime, A: RawAllocator = DeviceAllocator<B>> {
     pool: Pool<A>,
     /// A malformed `GPUMEM_GPU_MEMORY_LIMIT`: every allocation reports it until
     /// [`SingleDeviceMemoryPool::set_limit`] overrides the variable.
@@ -108,7 +107,7 @@ impl LimitEnvError {
     }
 }
 
-impl<B: Runtime, A: RawAllocator> fmt::Debug for SingleDeviceMemoryPool<B, A>
+impl<B: StreamRuntime, A: RawAllocator> fmt::Debug for SingleDeviceMemoryPool<B, A>
 where
     A::Block: BaseMemory<B>,
 {
@@ -122,7 +121,7 @@ where
     }
 }
 
-impl<B: Runtime> SingleDeviceMemoryPool<B> {
+impl<B: StreamRuntime> SingleDeviceMemoryPool<B> {
     /// A pool for `device` on the runtime's allocator, limited by `GPUMEM_GPU_MEMORY_LIMIT` if it
     /// is set, with expandable segments when `GPUMEM_EXPANDABLE_SEGMENTS` is `1` or `true`
     /// (PyTorch's `expandable_segments:True`: blocks grow in place on the virtual-memory API).
@@ -159,7 +158,7 @@ impl<B: Runtime> SingleDeviceMemoryPool<B> {
     }
 }
 
-impl<B: Runtime, A: RawAllocator> SingleDeviceMemoryPool<B, A>
+impl<B: StreamRuntime, A: RawAllocator> SingleDeviceMemoryPool<B, A>
 where
     A::Block: BaseMemory<B>,
 {
@@ -253,7 +252,7 @@ where
         // The cache hit as in `malloc_pooled`: a chunk, not a `Result`, out of the thread-local
         // access, made into the pointer here. Written out in both: through a shared helper the
         // compiler moves the chunk once more (18 instructions on the hit, 42 on this one).
-        let hit = B::thread_state().try_with(|ts| self.pool.try_hit(size, ts.arena_key(), &ts.arenas));
+        let hit = B::stream_thread().try_with(|ts| self.pool.try_hit(size, ts.arena_key(), &ts.arenas));
         if let Ok(Some(pooled)) = hit {
             return Ok(MemoryPointer::from_pooled(pooled));
         }
@@ -308,7 +307,7 @@ where
             return self.malloc_pooled_hooked(size);
         }
         let hit =
-            B::thread_state().try_with(|ts| self.pool.try_hit_unhooked(size, ts.arena_key(), &ts.arenas));
+            B::stream_thread().try_with(|ts| self.pool.try_hit_unhooked(size, ts.arena_key(), &ts.arenas));
         match hit {
             Ok(Some(p)) => Ok(p),
             _ => self.malloc_pooled_slow(size),
@@ -322,7 +321,7 @@ where
     fn malloc_pooled_hooked(&self, size: usize) -> Result<PooledMemory<A>> {
         self.limit_env_error.check()?;
         let result =
-            B::thread_state().try_with(|ts| self.pool.malloc_hooked(size, ts.arena_key(), &ts.arenas));
+            B::stream_thread().try_with(|ts| self.pool.malloc_hooked(size, ts.arena_key(), &ts.arenas));
         match result {
             Ok(Ok(p)) => Ok(p),
             Ok(Err(e)) => Err(e.into()),
@@ -339,7 +338,7 @@ where
             return self.malloc_pooled_hooked(size);
         }
         let result =
-            B::thread_state().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
+            B::stream_thread().try_with(|ts| self.pool.malloc_after_try(size, ts.arena_key(), &ts.arenas));
         match result {
             Ok(result) => result,
             Err(_) => self.malloc_at_thread_exit(size),
@@ -494,7 +493,7 @@ where
     /// this thread allocates from (its lane of the stream, if it moved to one).
     #[must_use]
     pub fn free_chunks_of_current_stream(&self) -> Vec<(DevicePtr, usize)> {
-        B::thread_state()
+        B::stream_thread()
             .try_with(|ts| self.pool.free_chunks_seen_by(ts.arena_key(), &ts.arenas))
             .unwrap_or_else(|_| self.pool.free_chunks(ArenaKey::NULL))
     }

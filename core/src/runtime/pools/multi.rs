@@ -6,12 +6,12 @@ use std::sync::OnceLock;
 use crate::error::{Error, Result};
 use crate::hal::DeviceId;
 use crate::pool::{GrowthPolicy, Limit, MemoryStats, PoolStats, PooledMemory, RawAllocator};
-use crate::runtime::allocator::Allocator;
-use crate::runtime::device::{current_device, device_count};
 use crate::runtime::memory::BaseMemory;
+use crate::runtime::pointer::Allocator;
 use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::state::Runtime;
+use crate::runtime::state::{current_device, device_count};
 use crate::runtime::stream::Stream;
+use crate::runtime::stream::StreamRuntime;
 
 use super::{DeviceAllocator, SingleDeviceMemoryPool};
 
@@ -23,14 +23,14 @@ type DevicePools<B, A> = Box<[OnceLock<SingleDeviceMemoryPool<B, A>>]>;
 /// Each device's pool is created on first use, with its own device id and its own
 /// `GPUMEM_GPU_MEMORY_LIMIT` fraction. CuPy 14 creates them all at once while one device is
 /// current, so every pool reports that device's id to hooks; gpumem does not copy that.
-pub struct MemoryPool<B: Runtime, A: RawAllocator + Clone = DeviceAllocator<B>> {
+pub struct MemoryPool<B: StreamRuntime, A: RawAllocator + Clone = DeviceAllocator<B>> {
     allocator: A,
     pools: OnceLock<DevicePools<B, A>>,
     /// The growth policy of every device's pool, set with [`MemoryPool::set_growth_policy`].
     policy: parking_lot::Mutex<GrowthPolicy>,
 }
 
-impl<B: Runtime, A: RawAllocator + Clone> fmt::Debug for MemoryPool<B, A>
+impl<B: StreamRuntime, A: RawAllocator + Clone> fmt::Debug for MemoryPool<B, A>
 where
     A::Block: BaseMemory<B>,
 {
@@ -41,13 +41,13 @@ where
     }
 }
 
-impl<B: Runtime> Default for MemoryPool<B> {
+impl<B: StreamRuntime> Default for MemoryPool<B> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<B: Runtime> MemoryPool<B> {
+impl<B: StreamRuntime> MemoryPool<B> {
     /// A pool on the runtime's allocator, with CuPy's rule (`GrowthPolicy::CacheUntilOutOfMemory`)
     /// and fixed blocks, for parity with CuPy.
     ///
@@ -65,7 +65,7 @@ impl<B: Runtime> MemoryPool<B> {
     }
 }
 
-impl<B: Runtime, A: RawAllocator + Clone> MemoryPool<B, A>
+impl<B: StreamRuntime, A: RawAllocator + Clone> MemoryPool<B, A>
 where
     A::Block: BaseMemory<B>,
 {
@@ -262,7 +262,7 @@ where
     }
 }
 
-impl<B: Runtime, A: RawAllocator + Clone> Allocator<B> for MemoryPool<B, A>
+impl<B: StreamRuntime, A: RawAllocator + Clone> Allocator<B> for MemoryPool<B, A>
 where
     A::Block: BaseMemory<B>,
 {
@@ -271,7 +271,7 @@ where
     }
 }
 
-impl<B: Runtime, A: RawAllocator> Allocator<B> for SingleDeviceMemoryPool<B, A>
+impl<B: StreamRuntime, A: RawAllocator> Allocator<B> for SingleDeviceMemoryPool<B, A>
 where
     A::Block: BaseMemory<B>,
 {

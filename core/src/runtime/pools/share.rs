@@ -15,13 +15,14 @@ use parking_lot::Mutex;
 
 use crate::hal::{DeviceId, EventFlags};
 use crate::pool::{ArenaKey, Fence, StreamOrder};
-use crate::runtime::state::{record_drop_error, Runtime};
+use crate::runtime::state::record_drop_error;
+use crate::runtime::stream::StreamRuntime;
 use crate::runtime::stream::{self, Event, Stream, LEGACY_STREAM_PTR, NULL_STREAM_PTR};
 
 /// Orders two streams of device `device` with an event: the borrower's stream waits on the
 /// device for an event recorded on the owner's, and a lent chunk comes back behind an event
 /// recorded on the borrower's. Nothing waits on the host.
-pub struct EventStreamOrder<B: Runtime> {
+pub struct EventStreamOrder<B: StreamRuntime> {
     device: DeviceId,
     /// The borrowers' streams, each with its number of chunks still lent: a stream is kept alive
     /// until its last borrowed chunk has come back, so that the fence can be recorded on it.
@@ -38,7 +39,7 @@ pub struct EventStreamOrder<B: Runtime> {
 /// At most this many spare fence events are kept.
 const SPARE_EVENTS: usize = 64;
 
-impl<B: Runtime> EventStreamOrder<B> {
+impl<B: StreamRuntime> EventStreamOrder<B> {
     /// The order for a pool of device `device`.
     #[must_use]
     pub fn new(device: DeviceId) -> Self {
@@ -52,12 +53,12 @@ impl<B: Runtime> EventStreamOrder<B> {
 }
 
 /// An event without timing on `device`: the cheapest kind to record and wait for.
-fn event_on<B: Runtime>(device: DeviceId) -> crate::Result<Event<B>> {
+fn event_on<B: StreamRuntime>(device: DeviceId) -> crate::Result<Event<B>> {
     Event::with_flags_on(device, EventFlags { disable_timing: true, ..EventFlags::default() })
 }
 
 /// The stream behind arena `key`, when this order can name it (see the module docs).
-fn stream_of<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
+fn stream_of<B: StreamRuntime>(key: ArenaKey) -> Option<Stream<B>> {
     // Every lane of the null stream is the null stream.
     let key = key.stream_key();
     if key.per_thread_number().is_some() {
@@ -71,7 +72,7 @@ fn stream_of<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
     }
 }
 
-impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
+impl<B: StreamRuntime> StreamOrder for EventStreamOrder<B> {
     fn can_order(&self, owner: ArenaKey, borrower: ArenaKey) -> bool {
         // No event is recorded inside a host function, and none while gpumem captures (a record on
         // a capturing stream would become part of the graph).
@@ -151,7 +152,7 @@ impl<B: Runtime> StreamOrder for EventStreamOrder<B> {
 }
 
 /// What a borrowed chunk's fence waits for.
-enum Recorded<B: Runtime> {
+enum Recorded<B: StreamRuntime> {
     /// The borrower's stream, on which no event could be recorded yet: the chunk came back
     /// inside a host function (no runtime call is allowed there) or while the stream captured
     /// (a record would go into the graph, not mark the work queued before the capture).
@@ -162,7 +163,7 @@ enum Recorded<B: Runtime> {
     Done,
 }
 
-struct BorrowerFence<B: Runtime> {
+struct BorrowerFence<B: StreamRuntime> {
     device: DeviceId,
     state: Mutex<Recorded<B>>,
     /// Where its event goes once complete.
@@ -171,7 +172,7 @@ struct BorrowerFence<B: Runtime> {
     never: bool,
 }
 
-impl<B: Runtime> BorrowerFence<B> {
+impl<B: StreamRuntime> BorrowerFence<B> {
     /// Records the event on the borrower's stream, if it is still to be recorded and can be now;
     /// else leaves the state pending, for the next look.
     fn record(&self, state: &mut Recorded<B>) {
@@ -194,7 +195,7 @@ impl<B: Runtime> BorrowerFence<B> {
     }
 }
 
-impl<B: Runtime> Drop for BorrowerFence<B> {
+impl<B: StreamRuntime> Drop for BorrowerFence<B> {
     fn drop(&mut self) {
         if stream::callback::in_callback() {
             return;
@@ -210,7 +211,7 @@ impl<B: Runtime> Drop for BorrowerFence<B> {
     }
 }
 
-impl<B: Runtime> Fence for BorrowerFence<B> {
+impl<B: StreamRuntime> Fence for BorrowerFence<B> {
     fn is_complete(&self) -> bool {
         // Inside a host function no runtime call is allowed: not yet, as far as the pool knows.
         if self.never || stream::callback::in_callback() {

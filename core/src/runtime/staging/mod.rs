@@ -49,7 +49,7 @@ use crate::hal::{DeviceId, DevicePtr, EventFlags};
 use crate::runtime::allocator::get_default_pinned_memory_pool;
 use crate::runtime::pinned::PinnedMemoryPointer;
 use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::state::Runtime;
+use crate::runtime::statics::Runtime;
 use crate::runtime::stream::event::Event;
 use crate::runtime::stream::inflight;
 

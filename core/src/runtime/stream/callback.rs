@@ -6,36 +6,20 @@
 
 #![allow(unsafe_code)]
 
-use std::cell::Cell;
 use std::ffi::c_void;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 
 use parking_lot::Mutex;
 
 use crate::pool::ArenaKey;
-use crate::runtime::state::Runtime;
+use crate::runtime::stream::StreamRuntime;
 
-thread_local! {
-    /// Whether this thread is running a host function or stream callback now.
-    static IN_CALLBACK: Cell<u32> = const { Cell::new(0) };
-}
-
-/// Whether the calling thread is inside a host function or stream callback, where the runtimes
-/// refuse API calls: what would free memory, destroy a handle or wait is deferred or refused.
-pub(crate) fn in_callback() -> bool {
-    IN_CALLBACK.try_with(Cell::get).unwrap_or(0) > 0
-}
+pub(crate) use crate::runtime::state::in_callback;
+use crate::runtime::state::CallbackMark;
 
 /// Runs `f` marked as inside a callback.
 fn as_callback<T>(f: impl FnOnce() -> T) -> T {
-    struct Unmark;
-    impl Drop for Unmark {
-        fn drop(&mut self) {
-            let _ = IN_CALLBACK.try_with(|c| c.set(c.get().saturating_sub(1)));
-        }
-    }
-    let _ = IN_CALLBACK.try_with(|c| c.set(c.get() + 1));
-    let _unmark = Unmark;
+    let _mark = CallbackMark::enter();
     f()
 }
 
@@ -48,7 +32,7 @@ pub(crate) struct HostFnData {
 }
 
 impl HostFnData {
-    pub(crate) fn new<B: Runtime>(stream: ArenaKey, func: Box<dyn FnMut() + Send>) -> Self {
+    pub(crate) fn new<B: StreamRuntime>(stream: ArenaKey, func: Box<dyn FnMut() + Send>) -> Self {
         HostFnData { func: Mutex::new(func), report: record_panic::<B>, stream }
     }
 
@@ -85,7 +69,7 @@ pub(crate) unsafe extern "C" fn shared_trampoline(data: *mut c_void) {
 }
 
 /// Runs `f` as a callback, catching a panic and recording it for `stream` of backend `B`.
-pub(crate) fn catch<B: Runtime>(stream: ArenaKey, f: impl FnOnce()) {
+pub(crate) fn catch<B: StreamRuntime>(stream: ArenaKey, f: impl FnOnce()) {
     as_callback(|| {
         if let Err(payload) = catch_unwind(AssertUnwindSafe(f)) {
             record_panic::<B>(stream, panic_message_and_drop(payload));
@@ -93,8 +77,8 @@ pub(crate) fn catch<B: Runtime>(stream: ArenaKey, f: impl FnOnce()) {
     });
 }
 
-fn record_panic<B: Runtime>(stream: ArenaKey, message: String) {
-    B::globals().panics.lock().push((stream, message));
+fn record_panic<B: StreamRuntime>(stream: ArenaKey, message: String) {
+    B::stream_globals().panics.lock().push((stream, message));
 }
 
 /// The panic's message; the payload is dropped here (see [`drop_payload`]), so nothing unwinds
@@ -122,8 +106,8 @@ fn drop_payload(mut payload: Box<dyn std::any::Any + Send>) {
 }
 
 /// Takes the oldest panic recorded for `stream`, if any.
-pub(crate) fn take_panic<B: Runtime>(stream: ArenaKey) -> Option<String> {
-    let mut panics = B::globals().panics.lock();
+pub(crate) fn take_panic<B: StreamRuntime>(stream: ArenaKey) -> Option<String> {
+    let mut panics = B::stream_globals().panics.lock();
     let i = panics.iter().position(|(s, _)| *s == stream)?;
     Some(panics.remove(i).1)
 }

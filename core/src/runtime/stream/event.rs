@@ -5,17 +5,17 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, EventFlags};
-use crate::runtime::device::current_device;
-use crate::runtime::state::Runtime;
+use crate::runtime::state::current_device;
+use crate::runtime::stream::StreamRuntime;
 use crate::runtime::stream::{self, Stream};
 
-struct Inner<B: Runtime> {
+struct Inner<B: StreamRuntime> {
     raw: Option<B::Event>,
     device: DeviceId,
     flags: EventFlags,
 }
 
-impl<B: Runtime> Drop for Inner<B> {
+impl<B: StreamRuntime> Drop for Inner<B> {
     fn drop(&mut self) {
         if let Some(raw) = self.raw.take() {
             let device = self.device;
@@ -45,23 +45,23 @@ impl<B: Runtime> Drop for Inner<B> {
 /// assert!(get_elapsed_time(&start, &end)? >= 0.0);
 /// # Ok::<(), gpumem_core::Error>(())
 /// ```
-pub struct Event<B: Runtime> {
+pub struct Event<B: StreamRuntime> {
     inner: Arc<Inner<B>>,
 }
 
-impl<B: Runtime> Clone for Event<B> {
+impl<B: StreamRuntime> Clone for Event<B> {
     fn clone(&self) -> Self {
         Event { inner: Arc::clone(&self.inner) }
     }
 }
 
-impl<B: Runtime> fmt::Debug for Event<B> {
+impl<B: StreamRuntime> fmt::Debug for Event<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Event").field("device", &self.inner.device).field("flags", &self.inner.flags).finish()
     }
 }
 
-impl<B: Runtime> Event<B> {
+impl<B: StreamRuntime> Event<B> {
     /// An event with default flags (timing enabled, spinning wait) on the current device.
     ///
     /// # Errors
@@ -156,7 +156,7 @@ impl<B: Runtime> Event<B> {
 ///
 /// `InvalidArgument` when either event has timing disabled; the runtime's error when either is
 /// not recorded or not complete.
-pub fn get_elapsed_time<B: Runtime>(start: &Event<B>, end: &Event<B>) -> Result<f32> {
+pub fn get_elapsed_time<B: StreamRuntime>(start: &Event<B>, end: &Event<B>) -> Result<f32> {
     if start.flags().disable_timing || end.flags().disable_timing {
         return Err(Error::InvalidArgument("elapsed time needs two events with timing enabled".into()));
     }

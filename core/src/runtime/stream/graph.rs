@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::hal::DeviceId;
-use crate::runtime::state::Runtime;
 use crate::runtime::stream::inflight::{self, CaptureRecord};
+use crate::runtime::stream::StreamRuntime;
 use crate::runtime::stream::{self, Stream};
 
 /// An instantiated graph, made by [`Stream::end_capture`]: CuPy's `cupy.cuda.Graph`. It cannot
@@ -37,7 +37,7 @@ use crate::runtime::stream::{self, Stream};
 /// assert!(back.iter().all(|&b| b == 3));
 /// # Ok::<(), gpumem_core::Error>(())
 /// ```
-pub struct Graph<B: Runtime> {
+pub struct Graph<B: StreamRuntime> {
     raw: Option<B::Graph>,
     device: DeviceId,
     /// What the captured work touches and calls: its memory, pinned buffers and host functions.
@@ -48,14 +48,14 @@ pub struct Graph<B: Runtime> {
 }
 
 /// What a graph's work reaches, shared with its queued launches.
-pub(crate) struct GraphParts<B: Runtime> {
+pub(crate) struct GraphParts<B: StreamRuntime> {
     record: CaptureRecord<B>,
     /// The streams whose order covers the captured memory's reuse, once each: a launch on
     /// another stream waits for the work they queued on it with no event.
     reuse: Vec<Option<inflight::Reuse>>,
 }
 
-impl<B: Runtime> fmt::Debug for Graph<B> {
+impl<B: StreamRuntime> fmt::Debug for Graph<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Graph")
             .field("device", &self.device)
@@ -65,7 +65,7 @@ impl<B: Runtime> fmt::Debug for Graph<B> {
     }
 }
 
-impl<B: Runtime> Graph<B> {
+impl<B: StreamRuntime> Graph<B> {
     pub(crate) fn new(raw: B::Graph, device: DeviceId, record: CaptureRecord<B>) -> Self {
         let reuse = record.reuse_streams();
         Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record, reuse }) }
@@ -121,7 +121,7 @@ impl<B: Runtime> Graph<B> {
     }
 }
 
-impl<B: Runtime> Drop for Graph<B> {
+impl<B: StreamRuntime> Drop for Graph<B> {
     fn drop(&mut self) {
         // Launches already queued still run after the destroy (the contract), and each keeps the
         // graph's parts alive until it is done: nothing here waits.

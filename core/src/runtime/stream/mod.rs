@@ -10,19 +10,21 @@ use std::sync::{Arc, Weak};
 use crate::error::{Error, Result};
 use crate::hal::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
 use crate::pool::ArenaKey;
-use crate::runtime::device::current_device;
-use crate::runtime::state::{per_thread_arena_key, per_thread_default_stream, Runtime};
+use crate::runtime::state::current_device;
+use crate::runtime::state::{per_thread_arena_key, per_thread_default_stream};
 
 pub(crate) mod callback;
 pub mod event;
 pub mod graph;
 pub(crate) mod inflight;
+pub mod state;
 #[cfg(test)]
 mod tests;
 
 use callback::HostFnData;
 pub use event::Event;
 pub use graph::Graph;
+pub use state::StreamRuntime;
 
 /// Raw value of the null stream.
 pub const NULL_STREAM_PTR: usize = 0;
@@ -42,7 +44,7 @@ enum Kind {
 }
 
 /// A stream's handle and what owns it, shared by the stream's clones.
-pub(crate) struct Inner<B: Runtime> {
+pub(crate) struct Inner<B: StreamRuntime> {
     handle: B::Stream,
     device_id: Option<DeviceId>,
     kind: Kind,
@@ -50,7 +52,7 @@ pub(crate) struct Inner<B: Runtime> {
     _owner: Option<Arc<dyn Any + Send + Sync>>,
 }
 
-impl<B: Runtime> Drop for Inner<B> {
+impl<B: StreamRuntime> Drop for Inner<B> {
     fn drop(&mut self) {
         if self.kind != Kind::Default {
             forget_owned::<B>(self);
@@ -81,7 +83,7 @@ impl<B: Runtime> Drop for Inner<B> {
 /// # Safety
 ///
 /// `handle` is a live stream of `device`.
-unsafe fn finish_unrecorded<B: Runtime>(device: DeviceId, handle: B::Stream) -> Result<()> {
+unsafe fn finish_unrecorded<B: StreamRuntime>(device: DeviceId, handle: B::Stream) -> Result<()> {
     let identity = ArenaKey::stream(B::stream_to_raw(handle));
     if inflight::forget_stream::<B>((device, identity)) {
         // SAFETY: the caller's promise.
@@ -93,15 +95,15 @@ unsafe fn finish_unrecorded<B: Runtime>(device: DeviceId, handle: B::Stream) -> 
 /// The live stream gpumem owns whose arena key is `key`: how the pool's stream order finds the
 /// stream behind another stream's arena (`pools::share`). `None` for the default streams, foreign
 /// streams and streams already destroyed.
-pub(crate) fn owned_stream<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
+pub(crate) fn owned_stream<B: StreamRuntime>(key: ArenaKey) -> Option<Stream<B>> {
     // The lock is released before anything is dropped: dropping a stream's last clone takes it.
-    let found = B::globals().owned_streams.lock().get(&key).map(Weak::upgrade);
+    let found = B::stream_globals().owned_streams.lock().get(&key).map(Weak::upgrade);
     match found {
         Some(Some(inner)) if inner.kind == Kind::Owned => Some(Stream { inner }),
         Some(other) => {
             drop(other);
             // Being destroyed, or given up by `into_raw`: no longer gpumem's.
-            let mut streams = B::globals().owned_streams.lock();
+            let mut streams = B::stream_globals().owned_streams.lock();
             if streams.get(&key).is_some_and(|w| w.strong_count() == 0) {
                 streams.remove(&key);
             }
@@ -113,9 +115,9 @@ pub(crate) fn owned_stream<B: Runtime>(key: ArenaKey) -> Option<Stream<B>> {
 
 /// Takes `inner` out of the owned streams, if it is the one listed under its key (a stream
 /// created later may have the same handle).
-fn forget_owned<B: Runtime>(inner: &Inner<B>) {
+fn forget_owned<B: StreamRuntime>(inner: &Inner<B>) {
     let key = ArenaKey::stream(B::stream_to_raw(inner.handle));
-    let mut streams = B::globals().owned_streams.lock();
+    let mut streams = B::stream_globals().owned_streams.lock();
     if streams.get(&key).is_some_and(|w| std::ptr::eq(w.as_ptr(), inner) || w.strong_count() == 0) {
         streams.remove(&key);
     }
@@ -155,31 +157,31 @@ fn forget_owned<B: Runtime>(inner: &Inner<B>) {
 /// assert_eq!(Stream::<Host>::current(), Stream::null()); // restored
 /// # Ok::<(), gpumem_core::Error>(())
 /// ```
-pub struct Stream<B: Runtime> {
+pub struct Stream<B: StreamRuntime> {
     inner: Arc<Inner<B>>,
 }
 
-impl<B: Runtime> Clone for Stream<B> {
+impl<B: StreamRuntime> Clone for Stream<B> {
     fn clone(&self) -> Self {
         Stream { inner: Arc::clone(&self.inner) }
     }
 }
 
-impl<B: Runtime> PartialEq for Stream<B> {
+impl<B: StreamRuntime> PartialEq for Stream<B> {
     fn eq(&self, other: &Self) -> bool {
         self.ptr() == other.ptr()
     }
 }
 
-impl<B: Runtime> Eq for Stream<B> {}
+impl<B: StreamRuntime> Eq for Stream<B> {}
 
-impl<B: Runtime> std::hash::Hash for Stream<B> {
+impl<B: StreamRuntime> std::hash::Hash for Stream<B> {
     fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
         self.ptr().hash(state);
     }
 }
 
-impl<B: Runtime> fmt::Debug for Stream<B> {
+impl<B: StreamRuntime> fmt::Debug for Stream<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // CuPy's repr: <Stream ptr (device id)>, -1 for "any device".
         write!(f, "<Stream {} (device {})>", self.ptr(), self.device_id().unwrap_or(-1))
@@ -195,7 +197,7 @@ pub struct StreamOptions {
     pub priority: Option<i32>,
 }
 
-impl<B: Runtime> Stream<B> {
+impl<B: StreamRuntime> Stream<B> {
     fn from_parts(
         handle: B::Stream,
         device_id: Option<DeviceId>,
@@ -204,7 +206,10 @@ impl<B: Runtime> Stream<B> {
     ) -> Self {
         let stream = Stream { inner: Arc::new(Inner { handle, device_id, kind, _owner: owner }) };
         if kind == Kind::Owned {
-            B::globals().owned_streams.lock().insert(stream.arena_key(), Arc::downgrade(&stream.inner));
+            B::stream_globals()
+                .owned_streams
+                .lock()
+                .insert(stream.arena_key(), Arc::downgrade(&stream.inner));
         }
         stream
     }
@@ -555,7 +560,7 @@ impl<B: Runtime> Stream<B> {
     /// current one.
     pub fn use_stream(&self) -> Result<&Self> {
         let dev = self.check_device()?;
-        B::thread_state().with(|ts| ts.replace_stream(dev, Some(self.clone())));
+        B::stream_thread().with(|ts| ts.replace_stream(dev, Some(self.clone())));
         Ok(self)
     }
 
@@ -571,7 +576,7 @@ impl<B: Runtime> Stream<B> {
     /// [`Error::StreamDeviceMismatch`], as [`Stream::use_stream`].
     pub fn enter(&self) -> Result<StreamGuard<B>> {
         let dev = self.check_device()?;
-        let previous = B::thread_state().with(|ts| ts.replace_stream(dev, Some(self.clone())));
+        let previous = B::stream_thread().with(|ts| ts.replace_stream(dev, Some(self.clone())));
         Ok(StreamGuard { device: dev, previous, _not_send: PhantomData })
     }
 
@@ -590,7 +595,7 @@ impl<B: Runtime> Stream<B> {
     #[must_use]
     pub fn current_on(device: Option<DeviceId>) -> Self {
         let dev = device.unwrap_or_else(current_device::<B>);
-        B::thread_state().with(|ts| ts.stream_of(dev)).unwrap_or_else(Self::default_stream)
+        B::stream_thread().with(|ts| ts.stream_of(dev)).unwrap_or_else(Self::default_stream)
     }
 
     /// The current stream of the current device on this thread.
@@ -626,7 +631,7 @@ impl<B: Runtime> Stream<B> {
             // Ended when the thread exits, if the program does not end it first.
             let dev = self.run_device();
             let _ =
-                B::thread_state().try_with(|ts| ts.per_thread_captures.borrow_mut().push((dev, identity)));
+                B::stream_thread().try_with(|ts| ts.per_thread_captures.borrow_mut().push((dev, identity)));
         }
         Ok(())
     }
@@ -645,7 +650,7 @@ impl<B: Runtime> Stream<B> {
         }
         let identity = self.arena_key();
         if self.ptr() == PER_THREAD_STREAM_PTR {
-            let _ = B::thread_state()
+            let _ = B::stream_thread()
                 .try_with(|ts| ts.per_thread_captures.borrow_mut().retain(|c| *c != (dev, identity)));
         }
         let (raw, record) = inflight::end_capture::<B, _>(identity, || {
@@ -678,18 +683,18 @@ impl<B: Runtime> Stream<B> {
 /// Restores the stream that was current when [`Stream::enter`] made another current. Not `Send`:
 /// it must be dropped on the thread that created it.
 #[must_use = "the stream stops being current as soon as the guard is dropped"]
-pub struct StreamGuard<B: Runtime> {
+pub struct StreamGuard<B: StreamRuntime> {
     device: DeviceId,
     previous: Option<Stream<B>>,
     _not_send: PhantomData<*const ()>,
 }
 
-impl<B: Runtime> Drop for StreamGuard<B> {
+impl<B: StreamRuntime> Drop for StreamGuard<B> {
     fn drop(&mut self) {
         let previous = self.previous.take();
         // `try_with`: at thread exit the state may already be gone, and then there is nothing to
         // restore.
-        let _ = B::thread_state().try_with(|ts| ts.replace_stream(self.device, previous));
+        let _ = B::stream_thread().try_with(|ts| ts.replace_stream(self.device, previous));
     }
 }
 
@@ -698,9 +703,9 @@ impl<B: Runtime> Drop for StreamGuard<B> {
 /// It dereferences to [`Stream`], so every stream method (`synchronize`, `record`, `wait_event`,
 /// `add_callback`, `launch_host_func`, `use_stream`, `enter`, capture) is available on it. The
 /// user keeps the handle alive while gpumem uses it.
-pub struct ExternalStream<B: Runtime>(Stream<B>);
+pub struct ExternalStream<B: StreamRuntime>(Stream<B>);
 
-impl<B: Runtime> ExternalStream<B> {
+impl<B: StreamRuntime> ExternalStream<B> {
     /// Wraps a foreign stream handle (CuPy's `ExternalStream(ptr, device_id=-1)`). With `None`
     /// for the device the stream is taken as valid on any device; the caller then makes sure it
     /// is used on the device it was created on.
@@ -731,26 +736,26 @@ impl<B: Runtime> ExternalStream<B> {
     }
 }
 
-impl<B: Runtime> std::ops::Deref for ExternalStream<B> {
+impl<B: StreamRuntime> std::ops::Deref for ExternalStream<B> {
     type Target = Stream<B>;
     fn deref(&self) -> &Stream<B> {
         &self.0
     }
 }
 
-impl<B: Runtime> Clone for ExternalStream<B> {
+impl<B: StreamRuntime> Clone for ExternalStream<B> {
     fn clone(&self) -> Self {
         ExternalStream(self.0.clone())
     }
 }
 
-impl<B: Runtime> fmt::Debug for ExternalStream<B> {
+impl<B: StreamRuntime> fmt::Debug for ExternalStream<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "<ExternalStream {} (device {})>", self.ptr(), self.device_id().unwrap_or(-1))
     }
 }
 
-impl<B: Runtime> From<ExternalStream<B>> for Stream<B> {
+impl<B: StreamRuntime> From<ExternalStream<B>> for Stream<B> {
     fn from(s: ExternalStream<B>) -> Self {
         s.0
     }
@@ -758,7 +763,7 @@ impl<B: Runtime> From<ExternalStream<B>> for Stream<B> {
 
 /// Ends a capture gpumem began on the calling thread's per-thread default stream, which the
 /// program left capturing, and discards its graph (the thread is exiting).
-pub(crate) fn end_abandoned_capture<B: Runtime>(device: DeviceId, identity: ArenaKey) {
+pub(crate) fn end_abandoned_capture<B: StreamRuntime>(device: DeviceId, identity: ArenaKey) {
     let ended = inflight::end_capture::<B, _>(identity, || {
         // SAFETY: the per-thread handle is valid on the thread it names, the calling one.
         unsafe { B::end_capture(device, B::per_thread_stream()) }
@@ -770,7 +775,7 @@ pub(crate) fn end_abandoned_capture<B: Runtime>(device: DeviceId, identity: Aren
 }
 
 /// The stream an operation runs on, as the ownership model names it (see [`inflight::Target`]).
-pub(crate) fn target<B: Runtime>(stream: Option<&Stream<B>>) -> inflight::Target<B> {
+pub(crate) fn target<B: StreamRuntime>(stream: Option<&Stream<B>>) -> inflight::Target<B> {
     if let Some(s) = stream {
         return s.target(s.run_device());
     }
@@ -778,7 +783,7 @@ pub(crate) fn target<B: Runtime>(stream: Option<&Stream<B>>) -> inflight::Target
     // each time).
     let dev = current_device::<B>();
     let current =
-        B::thread_state().with(|ts| ts.with_stream_of(dev, |s| s.target(s.device_id().unwrap_or(dev))));
+        B::stream_thread().with(|ts| ts.with_stream_of(dev, |s| s.target(s.device_id().unwrap_or(dev))));
     current.unwrap_or_else(|| {
         if per_thread_default_stream() {
             let handle = B::per_thread_stream();
@@ -794,14 +799,14 @@ pub(crate) fn target<B: Runtime>(stream: Option<&Stream<B>>) -> inflight::Target
 /// The stream an operation runs on: the one given, or the current one; and the device to run it
 /// in. The handle is live for as long as the caller's borrow of `stream` (or, for `None`, until
 /// the thread's current stream changes): callers use it within the call that asked.
-pub(crate) fn resolve<B: Runtime>(stream: Option<&Stream<B>>) -> (B::Stream, DeviceId, usize) {
+pub(crate) fn resolve<B: StreamRuntime>(stream: Option<&Stream<B>>) -> (B::Stream, DeviceId, usize) {
     match stream {
         Some(s) => (s.handle(), s.run_device(), s.ptr()),
         None => {
             // The current stream without making a `Stream` (the default one would be a new
             // allocation each time).
             let dev = current_device::<B>();
-            let current = B::thread_state()
+            let current = B::stream_thread()
                 .with(|ts| ts.with_stream_of(dev, |s| (s.handle(), s.device_id().unwrap_or(dev), s.ptr())));
             current.unwrap_or_else(|| {
                 let handle =

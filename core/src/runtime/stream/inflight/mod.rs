@@ -56,9 +56,9 @@ use crate::error::Result;
 use crate::hal::{CaptureStatus, DeviceId, EventFlags};
 use crate::pool::ArenaKey;
 use crate::runtime::memory::BaseMemory;
-use crate::runtime::state::Runtime;
 use crate::runtime::stream::callback::HostFnData;
 use crate::runtime::stream::event::Event;
+use crate::runtime::stream::StreamRuntime;
 
 mod unrecorded;
 
@@ -98,19 +98,19 @@ fn counted<T>(guard: T) -> T {
 
 /// Something queued work keeps alive until it is done: device memory (held as it is, so keeping
 /// it costs no allocation, and a capture can find it again), or anything else.
-pub(crate) enum Keep<B: Runtime> {
+pub(crate) enum Keep<B: StreamRuntime> {
     Memory(Arc<dyn BaseMemory<B>>),
     Other(Arc<dyn Any + Send + Sync>),
 }
 
 /// What one operation keeps: two things held inline (a copy keeps its source and destination),
 /// any more in a `Vec`, so that the common operation allocates nothing for them.
-struct Keeps<B: Runtime> {
+struct Keeps<B: StreamRuntime> {
     inline: [Option<Keep<B>>; 2],
     more: Vec<Keep<B>>,
 }
 
-impl<B: Runtime> Keeps<B> {
+impl<B: StreamRuntime> Keeps<B> {
     fn new(keeps: impl IntoIterator<Item = Keep<B>>) -> Self {
         let mut kept = Keeps { inline: [None, None], more: Vec::new() };
         for keep in keeps {
@@ -158,7 +158,7 @@ impl Ranges {
 /// The stream an operation is queued on: its handle, the device it runs in, and its identity
 /// (its arena key: per-thread default streams differ per thread).
 #[derive(Debug)]
-pub(crate) struct Target<B: Runtime> {
+pub(crate) struct Target<B: StreamRuntime> {
     pub(crate) handle: B::Stream,
     pub(crate) device: DeviceId,
     pub(crate) identity: ArenaKey,
@@ -171,22 +171,22 @@ pub(crate) struct Target<B: Runtime> {
     pub(crate) lasting: bool,
 }
 
-impl<B: Runtime> Target<B> {
+impl<B: StreamRuntime> Target<B> {
     /// The stream as memory names the stream that orders its reuse.
     fn as_reuse(&self) -> Reuse {
         (self.device, self.identity)
     }
 }
 
-impl<B: Runtime> Clone for Target<B> {
+impl<B: StreamRuntime> Clone for Target<B> {
     fn clone(&self) -> Self {
         *self
     }
 }
 
-impl<B: Runtime> Copy for Target<B> {}
+impl<B: StreamRuntime> Copy for Target<B> {}
 
-struct Entry<B: Runtime> {
+struct Entry<B: StreamRuntime> {
     event: Event<B>,
     keeps: Keeps<B>,
     ranges: Ranges,
@@ -198,7 +198,7 @@ struct Entry<B: Runtime> {
 /// The entries of each stream in queueing order. A stream's events complete in that order, so
 /// releasing what finished looks at the front of each queue only, and an operation on one stream
 /// scans the other streams' queues only.
-struct Queues<B: Runtime> {
+struct Queues<B: StreamRuntime> {
     by_stream: HashMap<ArenaKey, VecDeque<Entry<B>>>,
     len: usize,
     /// The ranges of the synchronous accesses running now, by an id of each.
@@ -211,7 +211,7 @@ struct Queues<B: Runtime> {
     unrecorded: Vec<Unrecorded<B>>,
 }
 
-impl<B: Runtime> Queues<B> {
+impl<B: StreamRuntime> Queues<B> {
     /// An event for `device`: a spare one, or a new one.
     fn event_for(&mut self, device: DeviceId) -> Result<Event<B>> {
         #[cfg(test)]
@@ -256,7 +256,7 @@ impl<B: Runtime> Queues<B> {
 const COLLECT_AT: usize = 256;
 
 /// What a capture begun by gpumem collects for its graph.
-pub(crate) struct CaptureRecord<B: Runtime> {
+pub(crate) struct CaptureRecord<B: StreamRuntime> {
     pub(crate) keeps: Vec<Arc<dyn Any + Send + Sync>>,
     /// The device memory the captured work touches, once each, by address of its shared object.
     pub(crate) memory: HashMap<usize, CapturedMemory<B>>,
@@ -267,7 +267,7 @@ pub(crate) struct CaptureRecord<B: Runtime> {
     forked: bool,
 }
 
-impl<B: Runtime> Default for CaptureRecord<B> {
+impl<B: StreamRuntime> Default for CaptureRecord<B> {
     fn default() -> Self {
         CaptureRecord {
             keeps: Vec::new(),
@@ -281,12 +281,12 @@ impl<B: Runtime> Default for CaptureRecord<B> {
 
 /// Device memory a capture touches: held for the graph, and whether only the stream that began
 /// the capture touched it (then the capture may lend it again, see [`reuse_in_capture`]).
-pub(crate) struct CapturedMemory<B: Runtime> {
+pub(crate) struct CapturedMemory<B: StreamRuntime> {
     mem: Arc<dyn BaseMemory<B>>,
     only_origin: bool,
 }
 
-impl<B: Runtime> CaptureRecord<B> {
+impl<B: StreamRuntime> CaptureRecord<B> {
     /// The streams whose order makes reusing the captured memory safe, once each: a launch waits
     /// for the work they queued on it with no event.
     pub(crate) fn reuse_streams(&self) -> Vec<Option<Reuse>> {
@@ -329,18 +329,18 @@ impl<B: Runtime> CaptureRecord<B> {
 
 /// The captures gpumem began: their records by the identity of the stream that began them, and
 /// that stream by the capture's id (where the backend names its captures).
-pub(crate) struct Captures<B: Runtime> {
+pub(crate) struct Captures<B: StreamRuntime> {
     by_stream: HashMap<ArenaKey, Mutex<CaptureRecord<B>>>,
     by_id: HashMap<u64, ArenaKey>,
 }
 
-impl<B: Runtime> Default for Captures<B> {
+impl<B: StreamRuntime> Default for Captures<B> {
     fn default() -> Self {
         Captures { by_stream: HashMap::new(), by_id: HashMap::new() }
     }
 }
 
-impl<B: Runtime> Captures<B> {
+impl<B: StreamRuntime> Captures<B> {
     /// The record the work of `target` goes to, when it is capturing into a capture gpumem began:
     /// its own, or (for a stream that joined one) that of the stream that began it. The second
     /// value says whether `target` is capturing at all.
@@ -364,7 +364,7 @@ impl<B: Runtime> Captures<B> {
 }
 
 /// The per-backend state of the ownership model (in the backend's globals).
-pub(crate) struct InFlight<B: Runtime> {
+pub(crate) struct InFlight<B: StreamRuntime> {
     entries: Mutex<Queues<B>>,
     /// Signalled when a synchronous access ends (its ranges are no longer busy).
     access_ended: Condvar,
@@ -383,7 +383,7 @@ pub(crate) struct InFlight<B: Runtime> {
     orphans: Mutex<Vec<Keep<B>>>,
 }
 
-impl<B: Runtime> InFlight<B> {
+impl<B: StreamRuntime> InFlight<B> {
     pub(crate) fn new() -> Self {
         InFlight {
             entries: Mutex::new(Queues {
@@ -418,11 +418,11 @@ fn any_overlap(a: &[Range], b: &[Range]) -> bool {
 ///
 /// `NotAllowedInCallback` when one runs and this is a host function: the access may be waiting
 /// for the very stream that runs it.
-fn lock_when_free<B: Runtime>(
+fn lock_when_free<B: StreamRuntime>(
     ranges: &[Range],
     operation: &'static str,
 ) -> Result<MutexGuard<'static, Queues<B>>> {
-    let inflight = &B::globals().inflight;
+    let inflight = &B::stream_globals().inflight;
     let mut entries = counted(inflight.entries.lock());
     while entries.is_busy(ranges) {
         if crate::runtime::stream::callback::in_callback() {
@@ -435,7 +435,7 @@ fn lock_when_free<B: Runtime>(
 
 /// An asynchronous operation being queued: holds the capture registry's read lock from before
 /// the operation is queued until what it touches is kept.
-pub(crate) struct Queueing<'a, B: Runtime> {
+pub(crate) struct Queueing<'a, B: StreamRuntime> {
     target: Target<B>,
     captures: Option<RwLockReadGuard<'a, Captures<B>>>,
     /// The entries, locked from the ordering decision until the operation's entry is in them
@@ -457,12 +457,12 @@ pub(crate) struct Queueing<'a, B: Runtime> {
 /// # Safety
 ///
 /// `target.handle` is live for as long as the returned value.
-pub(crate) unsafe fn begin<B: Runtime>(
+pub(crate) unsafe fn begin<B: StreamRuntime>(
     target: Target<B>,
     ranges: &[Range],
     reuse: &[Option<Reuse>],
 ) -> Result<Queueing<'static, B>> {
-    let inflight = &B::globals().inflight;
+    let inflight = &B::stream_globals().inflight;
     if inflight.n_entries.load(Ordering::Relaxed) >= inflight.collect_at.load(Ordering::Relaxed) {
         collect::<B>();
     } else if !crate::runtime::stream::callback::in_callback() {
@@ -491,7 +491,7 @@ pub(crate) unsafe fn begin<B: Runtime>(
     Ok(Queueing { target, captures, capturing, entries, record })
 }
 
-impl<B: Runtime> Queueing<'_, B> {
+impl<B: StreamRuntime> Queueing<'_, B> {
     /// Ends the operation just queued, which touched `ranges` of memory whose reuse the streams
     /// `reuse` order: when that is all memory of the operation's own stream (and the stream
     /// lasts and does not capture), it keeps nothing and records no event. The pool lends that
@@ -512,7 +512,7 @@ impl<B: Runtime> Queueing<'_, B> {
         let own = Some(self.target.as_reuse());
         if self.target.lasting && !self.capturing && !reuse.is_empty() && reuse.iter().all(|r| *r == own) {
             drop(self.captures);
-            let inflight = &B::globals().inflight;
+            let inflight = &B::stream_globals().inflight;
             let mut entries = self.entries.unwrap_or_else(|| counted(inflight.entries.lock()));
             entries.note_unrecorded(&self.target);
             return Ok(());
@@ -528,7 +528,7 @@ impl<B: Runtime> Queueing<'_, B> {
     /// The runtime's error recording the event. The keeps are then held for good (the operation
     /// was queued, and nothing tells when it is done).
     pub(crate) fn keep(self, keeps: impl IntoIterator<Item = Keep<B>>, ranges: &[Range]) -> Result<()> {
-        let inflight = &B::globals().inflight;
+        let inflight = &B::stream_globals().inflight;
         let keeps = Keeps::new(keeps);
         if self.capturing {
             let record =
@@ -576,11 +576,11 @@ impl<B: Runtime> Queueing<'_, B> {
 
 /// Releases what completed work kept, and runs drops deferred from callbacks. Never called from
 /// a callback (it may free memory, which the runtimes refuse there).
-pub(crate) fn collect<B: Runtime>() {
+pub(crate) fn collect<B: StreamRuntime>() {
     if crate::runtime::stream::callback::in_callback() {
         return;
     }
-    let inflight = &B::globals().inflight;
+    let inflight = &B::stream_globals().inflight;
     if inflight.n_entries.load(Ordering::Acquire) > 0 {
         // What finished work kept, and the events beyond the spare ones kept: dropped outside
         // the lock (a drop may free memory or destroy an event).
@@ -647,7 +647,7 @@ const SPARE_EVENTS: usize = 256;
 /// After a successful `synchronize` of a stream: what its finished work kept goes. Each entry's
 /// own event decides (not the stream's identity: a destroyed stream's handle value may be a new
 /// stream's, and the old stream's work is not covered by the new one's synchronize).
-pub(crate) fn stream_done<B: Runtime>() {
+pub(crate) fn stream_done<B: StreamRuntime>() {
     collect::<B>();
 }
 
@@ -660,7 +660,7 @@ pub(crate) fn stream_done<B: Runtime>() {
 ///
 /// The runtime's error waiting for an event; `NotAllowedInCallback` when this is a host function
 /// and the bytes are in use; `f`'s error.
-pub(crate) fn access<B: Runtime, T>(
+pub(crate) fn access<B: StreamRuntime, T>(
     ranges: &[Range],
     reuse: &[Option<Reuse>],
     f: impl FnOnce() -> Result<T>,
@@ -696,14 +696,14 @@ pub(crate) fn access<B: Runtime, T>(
 }
 
 /// A synchronous access's ranges, busy until dropped.
-struct Busy<B: Runtime> {
+struct Busy<B: StreamRuntime> {
     id: u64,
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
-impl<B: Runtime> Drop for Busy<B> {
+impl<B: StreamRuntime> Drop for Busy<B> {
     fn drop(&mut self) {
-        let inflight = &B::globals().inflight;
+        let inflight = &B::stream_globals().inflight;
         counted(inflight.entries.lock()).busy.retain(|(id, _)| *id != self.id);
         inflight.access_ended.notify_all();
     }
@@ -711,12 +711,12 @@ impl<B: Runtime> Drop for Busy<B> {
 
 /// Waits for every queued operation gpumem keeps memory for, then releases it: the pool's last
 /// resort before it reports out of memory. Does nothing inside a callback.
-pub(crate) fn wait_all<B: Runtime>() {
+pub(crate) fn wait_all<B: StreamRuntime>() {
     if crate::runtime::stream::callback::in_callback() {
         return;
     }
     let events: Vec<Event<B>> =
-        counted(B::globals().inflight.entries.lock()).all().map(|e| e.event.clone()).collect();
+        counted(B::stream_globals().inflight.entries.lock()).all().map(|e| e.event.clone()).collect();
     for e in events {
         // A failed wait (a lost device) leaves the entry for `collect` to judge.
         let _ = e.synchronize();
@@ -729,7 +729,7 @@ pub(crate) fn wait_all<B: Runtime>() {
 ///
 /// The work the stream queued with no event before the capture gets its event first: nothing
 /// can be recorded on the stream while it captures, and graphs launched elsewhere may need it.
-pub(crate) fn begin_capture<B: Runtime>(
+pub(crate) fn begin_capture<B: StreamRuntime>(
     device: DeviceId,
     identity: ArenaKey,
     start: impl FnOnce() -> Result<Option<u64>>,
@@ -737,7 +737,7 @@ pub(crate) fn begin_capture<B: Runtime>(
     if crate::runtime::stream::callback::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
     }
-    let inflight = &B::globals().inflight;
+    let inflight = &B::stream_globals().inflight;
     let mut map = counted(inflight.captures.write());
     counted(inflight.entries.lock()).unrecorded_done((device, identity))?;
     let id = start()?;
@@ -752,14 +752,14 @@ pub(crate) fn begin_capture<B: Runtime>(
 /// Ends the capture on stream `identity`: `end` ends it in the runtime; its record goes to the
 /// graph. The record is removed even when `end` fails (the capture is over either way), unless
 /// `identity` did not begin it (the runtime refused the end, and the capture goes on).
-pub(crate) fn end_capture<B: Runtime, G>(
+pub(crate) fn end_capture<B: StreamRuntime, G>(
     identity: ArenaKey,
     end: impl FnOnce() -> Result<G>,
 ) -> Result<(G, CaptureRecord<B>)> {
     if crate::runtime::stream::callback::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "end_capture" });
     }
-    let inflight = &B::globals().inflight;
+    let inflight = &B::stream_globals().inflight;
     let mut map = counted(inflight.captures.write());
     let result = end();
     let record = map.by_stream.remove(&identity).map(Mutex::into_inner).unwrap_or_default();
@@ -779,11 +779,11 @@ pub(crate) fn end_capture<B: Runtime, G>(
 /// How a host function is queued on `target`: into gpumem's capture record (`Some`), into a
 /// foreign capture (`None`, `true`), or to run once (`None`, `false`). Decided and acted on under
 /// the capture lock, so a concurrent `begin_capture` cannot come between.
-pub(crate) fn with_capture_of<B: Runtime, T>(
+pub(crate) fn with_capture_of<B: StreamRuntime, T>(
     target: Target<B>,
     f: impl FnOnce(Option<&mut CaptureRecord<B>>, bool) -> Result<T>,
 ) -> Result<T> {
-    let inflight = &B::globals().inflight;
+    let inflight = &B::stream_globals().inflight;
     if !B::CAPS.capture {
         return f(None, false);
     }
@@ -798,8 +798,8 @@ pub(crate) fn with_capture_of<B: Runtime, T>(
 
 /// Whether any capture begun by gpumem is under way (one relaxed load: the allocation path asks).
 #[inline]
-pub(crate) fn any_capture<B: Runtime>() -> bool {
-    B::CAPS.capture && B::globals().inflight.n_captures.load(Ordering::Relaxed) > 0
+pub(crate) fn any_capture<B: StreamRuntime>() -> bool {
+    B::CAPS.capture && B::stream_globals().inflight.n_captures.load(Ordering::Relaxed) > 0
 }
 
 /// A capture's own reuse of memory, as PyTorch's private graph pools: while `target` captures
@@ -809,13 +809,13 @@ pub(crate) fn any_capture<B: Runtime>() -> bool {
 /// replay runs the stream's work in the order it was captured, so the earlier uses are done
 /// before the later ones start; the graph holds the memory either way until it is dropped, and
 /// no work outside the capture is lent it.
-pub(crate) fn reuse_in_capture<B: Runtime>(
+pub(crate) fn reuse_in_capture<B: StreamRuntime>(
     target: &Target<B>,
     device: DeviceId,
     pool_uid: usize,
     size: usize,
 ) -> Option<Arc<dyn BaseMemory<B>>> {
-    let map = counted(B::globals().inflight.captures.read_recursive());
+    let map = counted(B::stream_globals().inflight.captures.read_recursive());
     let record = map.by_stream.get(&target.identity)?.lock();
     if record.forked {
         return None;
@@ -835,11 +835,11 @@ pub(crate) fn reuse_in_capture<B: Runtime>(
 /// # Safety
 ///
 /// `target.handle` is live for this call.
-pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
+pub(crate) unsafe fn after_wait<B: StreamRuntime>(target: &Target<B>) {
     if !any_capture::<B>() {
         return;
     }
-    let map = counted(B::globals().inflight.captures.read_recursive());
+    let map = counted(B::stream_globals().inflight.captures.read_recursive());
     // SAFETY: the caller keeps the handle live.
     let (record, capturing) = unsafe { map.of(target) };
     match record {
@@ -856,6 +856,6 @@ pub(crate) unsafe fn after_wait<B: Runtime>(target: &Target<B>) {
 }
 
 /// Holds `keep` for good: for what a foreign capture may reach.
-pub(crate) fn keep_forever<B: Runtime>(keep: Keep<B>) {
-    counted(B::globals().inflight.orphans.lock()).push(keep);
+pub(crate) fn keep_forever<B: StreamRuntime>(keep: Keep<B>) {
+    counted(B::stream_globals().inflight.orphans.lock()).push(keep);
 }

@@ -7,8 +7,8 @@ use super::{counted, Queues, Target};
 use crate::error::Result;
 use crate::hal::DeviceId;
 use crate::pool::ArenaKey;
-use crate::runtime::state::Runtime;
 use crate::runtime::stream::event::Event;
+use crate::runtime::stream::StreamRuntime;
 
 /// The stream whose order makes reusing some memory safe: the memory's device and the stream's
 /// arena key (see [`BaseMemory::reuse_stream`](crate::runtime::memory::BaseMemory::reuse_stream)).
@@ -18,7 +18,7 @@ pub(crate) type Reuse = (DeviceId, ArenaKey);
 /// operation of another stream, or a synchronous access, on such memory must wait for. It waits
 /// for everything queued on the stream up to then (an event recorded at that moment): more than
 /// the accesses to its bytes, which no one counted, never less.
-pub(super) struct Unrecorded<B: Runtime> {
+pub(super) struct Unrecorded<B: StreamRuntime> {
     stream: Reuse,
     handle: B::Stream,
     /// Work was queued on the stream with no event since `last` was recorded.
@@ -30,7 +30,7 @@ pub(super) struct Unrecorded<B: Runtime> {
     waited: Vec<Reuse>,
 }
 
-impl<B: Runtime> Queues<B> {
+impl<B: StreamRuntime> Queues<B> {
     /// Whether `stream` has queued work with no event that is still tracked here (recorded since
     /// or not).
     pub(super) fn has_unrecorded(&self, stream: Reuse) -> bool {
@@ -111,13 +111,13 @@ impl<B: Runtime> Queues<B> {
 /// # Errors
 ///
 /// The runtime's error recording or waiting for an event.
-pub(crate) fn wait_unrecorded<B: Runtime>(device: DeviceId) -> Result<()> {
+pub(crate) fn wait_unrecorded<B: StreamRuntime>(device: DeviceId) -> Result<()> {
     // Not an operation's cost: a release may run on any thread (deferred from a host function, it
     // runs on the next thread that queues work), so the cost tests do not count its events.
     #[cfg(test)]
     let counted_before = probe::EVENTS.with(std::cell::Cell::get);
     let events = {
-        let mut entries = counted(B::globals().inflight.entries.lock());
+        let mut entries = counted(B::stream_globals().inflight.entries.lock());
         let streams: Vec<Reuse> =
             entries.unrecorded.iter().map(|u| u.stream).filter(|s| s.0 == device).collect();
         let mut events = Vec::with_capacity(streams.len());
@@ -139,9 +139,9 @@ pub(crate) fn wait_unrecorded<B: Runtime>(device: DeviceId) -> Result<()> {
 /// then waits for first: the stream's arena (keyed by its handle) may serve a new stream with the
 /// same handle, whose work the pool does not order after the old stream's, and the entries of a
 /// lasting stream are released as one stream's (see [`collect`](super::collect)).
-pub(crate) fn forget_stream<B: Runtime>(stream: Reuse) -> bool {
+pub(crate) fn forget_stream<B: StreamRuntime>(stream: Reuse) -> bool {
     let (removed, queued) = {
-        let mut entries = counted(B::globals().inflight.entries.lock());
+        let mut entries = counted(B::stream_globals().inflight.entries.lock());
         let queued = entries.by_stream.get(&stream.1).is_some_and(|q| !q.is_empty());
         let at = entries.unrecorded.iter().position(|u| u.stream == stream);
         // A new stream may get the handle: it has waited for nothing.

@@ -10,24 +10,25 @@ use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::expandable::{ExpandableAllocator, Segment, DEFAULT_RESERVE};
 use crate::pool::{expandable_segments_from_env, stitch_from_env, RawAllocator, RawBlock};
 use crate::runtime::memory::{BaseMemory, Memory};
-use crate::runtime::state::{drop_outside_callbacks, record_drop_error, Runtime};
+use crate::runtime::state::{drop_outside_callbacks, record_drop_error};
 use crate::runtime::stream::inflight;
+use crate::runtime::stream::StreamRuntime;
 
 /// The runtime's device allocator. Each raw block is a [`Memory`] (`cuMemAlloc`), or, made with
 /// [`DeviceAllocator::expandable`] (or from `GPUMEM_EXPANDABLE_SEGMENTS`), a growing
 /// [`Segment`] of reserved address space with physical memory mapped at its start.
 ///
 /// [`DeviceAllocator::new`] follows the environment where a pool asks it for a device's
-/// allocator ([`RawAllocator::for_device`]), as [`SingleDeviceMemoryPool::new`](super::SingleDeviceMemoryPool::new)
-/// and [`MemoryPool`](super::MemoryPool)'s pool of each device do: growing blocks when
+/// allocator ([`RawAllocator::for_device`]), as [`SingleDeviceMemoryPool::new`](crate::SingleDeviceMemoryPool::new)
+/// and [`MemoryPool`](crate::MemoryPool)'s pool of each device do: growing blocks when
 /// `GPUMEM_EXPANDABLE_SEGMENTS` is `1` or `true`, fixed ones otherwise. Passed as it is to
-/// [`SingleDeviceMemoryPool::with_allocator`](super::SingleDeviceMemoryPool::with_allocator), it
+/// [`SingleDeviceMemoryPool::with_allocator`](crate::SingleDeviceMemoryPool::with_allocator), it
 /// makes fixed blocks.
-pub struct DeviceAllocator<B: Runtime> {
+pub struct DeviceAllocator<B: StreamRuntime> {
     mode: Mode<B>,
 }
 
-enum Mode<B: Runtime> {
+enum Mode<B: StreamRuntime> {
     /// Decided for each device's pool by `GPUMEM_EXPANDABLE_SEGMENTS` ([`RawAllocator::for_device`]);
     /// used directly, fixed blocks.
     FromEnvironment,
@@ -35,7 +36,7 @@ enum Mode<B: Runtime> {
     Growing(Arc<ExpandableAllocator<B>>),
 }
 
-impl<B: Runtime> DeviceAllocator<B> {
+impl<B: StreamRuntime> DeviceAllocator<B> {
     /// The allocator that follows `GPUMEM_EXPANDABLE_SEGMENTS` for each device's pool (see the
     /// [type's docs](Self)).
     #[must_use]
@@ -78,18 +79,18 @@ impl<B: Runtime> DeviceAllocator<B> {
 
 /// The address space each growing block of `device` reserves: [`DEFAULT_RESERVE`] or the device's
 /// memory, whichever is less.
-fn reserve_for<B: Runtime>(device: DeviceId) -> Result<usize> {
+fn reserve_for<B: StreamRuntime>(device: DeviceId) -> Result<usize> {
     let total = B::device_properties(device)?.total_memory;
     Ok(DEFAULT_RESERVE.min(total.max(1)))
 }
 
-impl<B: Runtime> Default for DeviceAllocator<B> {
+impl<B: StreamRuntime> Default for DeviceAllocator<B> {
     fn default() -> Self {
         Self::new()
     }
 }
 
-impl<B: Runtime> Clone for DeviceAllocator<B> {
+impl<B: StreamRuntime> Clone for DeviceAllocator<B> {
     fn clone(&self) -> Self {
         let mode = match &self.mode {
             Mode::FromEnvironment => Mode::FromEnvironment,
@@ -100,7 +101,7 @@ impl<B: Runtime> Clone for DeviceAllocator<B> {
     }
 }
 
-impl<B: Runtime> fmt::Debug for DeviceAllocator<B> {
+impl<B: StreamRuntime> fmt::Debug for DeviceAllocator<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let mode = match self.mode {
             Mode::FromEnvironment => "from the environment",
@@ -124,15 +125,15 @@ impl<B: Runtime> fmt::Debug for DeviceAllocator<B> {
 /// waits for the device before it unmaps. A block whose wait fails (a lost device) is kept,
 /// never freed under work that may still run, and the error is kept for the next `synchronize`.
 #[derive(Debug)]
-pub struct DeviceBlock<B: Runtime>(ManuallyDrop<Block<B>>);
+pub struct DeviceBlock<B: StreamRuntime>(ManuallyDrop<Block<B>>);
 
 #[derive(Debug)]
-enum Block<B: Runtime> {
+enum Block<B: StreamRuntime> {
     Fixed(Memory<B>),
     Growing(Segment<B>),
 }
 
-impl<B: Runtime> RawBlock for DeviceBlock<B> {
+impl<B: StreamRuntime> RawBlock for DeviceBlock<B> {
     fn address(&self) -> DevicePtr {
         match &*self.0 {
             Block::Fixed(m) => BaseMemory::<B>::ptr(m),
@@ -159,7 +160,7 @@ impl<B: Runtime> RawBlock for DeviceBlock<B> {
     }
 }
 
-impl<B: Runtime> Drop for DeviceBlock<B> {
+impl<B: StreamRuntime> Drop for DeviceBlock<B> {
     fn drop(&mut self) {
         let device = RawBlock::device(self);
         // SAFETY: taken once, here, and `self.0` is not used again.
@@ -181,7 +182,7 @@ impl<B: Runtime> Drop for DeviceBlock<B> {
 // only when the pool shrinks the block past chunks it no longer lends or drops the block, or
 // lifts pages under a free chunk: `lift_pages` is unsafe, and its caller promises that nothing
 // reaches the lifted range, through this promise or otherwise, until it is mapped again.
-unsafe impl<B: Runtime> BaseMemory<B> for DeviceBlock<B> {
+unsafe impl<B: StreamRuntime> BaseMemory<B> for DeviceBlock<B> {
     fn ptr(&self) -> DevicePtr {
         self.address()
     }
@@ -199,7 +200,7 @@ unsafe impl<B: Runtime> BaseMemory<B> for DeviceBlock<B> {
     }
 }
 
-impl<B: Runtime> RawAllocator for DeviceAllocator<B> {
+impl<B: StreamRuntime> RawAllocator for DeviceAllocator<B> {
     type Block = DeviceBlock<B>;
 
     const WAITS_FOR_QUEUED_WORK: bool = true;
