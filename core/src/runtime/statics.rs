@@ -28,49 +28,33 @@ impl<B: AllocatorRuntime> Runtime for B {}
 #[macro_export]
 macro_rules! runtime_statics {
     ($backend:ty) => {
-        impl $crate::__private::StateRuntime for $backend {
-            fn thread_state() -> &'static ::std::thread::LocalKey<$crate::__private::ThreadState> {
+        $crate::runtime_statics!(@layer $backend, StateRuntime, thread_state, ThreadState, globals, Globals);
+        $crate::runtime_statics!(
+            @layer $backend, StreamRuntime, stream_thread, StreamThread<$backend>, stream_globals,
+            StreamGlobals<$backend>
+        );
+        $crate::runtime_statics!(
+            @layer $backend, AllocatorRuntime, allocator_thread, AllocatorThread<$backend>,
+            allocator_globals, AllocatorGlobals<$backend>
+        );
+    };
+    // One layer's trait: a thread-local of its thread state (made in a `const` block, so its
+    // reads need no lazy initialisation) and a static of its process state.
+    (@layer $backend:ty, $layer:ident, $thread:ident, $thread_ty:ident $(<$t:ty>)?, $globals:ident,
+     $globals_ty:ident $(<$g:ty>)?) => {
+        impl $crate::__private::$layer for $backend {
+            fn $thread() -> &'static ::std::thread::LocalKey<$crate::__private::$thread_ty $(<$t>)?> {
                 ::std::thread_local! {
-                    static STATE: $crate::__private::ThreadState = const { $crate::__private::ThreadState::new() };
+                    static STATE: $crate::__private::$thread_ty $(<$t>)? =
+                        const { $crate::__private::$thread_ty::new() };
                 }
                 &STATE
             }
 
-            fn globals() -> &'static $crate::__private::Globals {
-                static GLOBALS: $crate::__private::Globals = $crate::__private::Globals::new();
-                &GLOBALS
-            }
-        }
-
-        impl $crate::__private::StreamRuntime for $backend {
-            fn stream_thread() -> &'static ::std::thread::LocalKey<$crate::__private::StreamThread<$backend>> {
-                ::std::thread_local! {
-                    static STATE: $crate::__private::StreamThread<$backend> =
-                        const { $crate::__private::StreamThread::new() };
-                }
-                &STATE
-            }
-
-            fn stream_globals() -> &'static $crate::__private::StreamGlobals<$backend> {
-                static GLOBALS: ::std::sync::OnceLock<$crate::__private::StreamGlobals<$backend>> =
+            fn $globals() -> &'static $crate::__private::$globals_ty $(<$g>)? {
+                static GLOBALS: ::std::sync::OnceLock<$crate::__private::$globals_ty $(<$g>)?> =
                     ::std::sync::OnceLock::new();
-                GLOBALS.get_or_init($crate::__private::StreamGlobals::new)
-            }
-        }
-
-        impl $crate::__private::AllocatorRuntime for $backend {
-            fn allocator_thread() -> &'static ::std::thread::LocalKey<$crate::__private::AllocatorThread<$backend>> {
-                ::std::thread_local! {
-                    static STATE: $crate::__private::AllocatorThread<$backend> =
-                        const { $crate::__private::AllocatorThread::new() };
-                }
-                &STATE
-            }
-
-            fn allocator_globals() -> &'static $crate::__private::AllocatorGlobals<$backend> {
-                static GLOBALS: ::std::sync::OnceLock<$crate::__private::AllocatorGlobals<$backend>> =
-                    ::std::sync::OnceLock::new();
-                GLOBALS.get_or_init($crate::__private::AllocatorGlobals::new)
+                GLOBALS.get_or_init($crate::__private::$globals_ty::new)
             }
         }
     };
