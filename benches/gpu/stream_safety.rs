@@ -1,9 +1,10 @@
 //! What stream safety costs an eager operation: `memset_async` and `copy_from_device_async`
 //! through the typed API, on the memory's own stream and on another one, each beside the raw
 //! driver call and the raw call followed by one event record (what an order between two streams
-//! needs at least), in one run. A third anchor records each operation into an event of a ring of
-//! [`RING`], as gpumem records each kept operation into an event of its own: what recording into
-//! many events, rather than one, costs the driver.
+//! needs at least), in one run. Two more anchors record each operation into an event of a ring
+//! ([`RINGS`]), as gpumem records each kept operation into an event of its own and reuses them
+//! once their entries are released (at most every 256 entries): what recording into many events,
+//! rather than one, costs the driver.
 
 use gpumem::core::{EventFlags, EventOps, MemoryOps};
 use gpumem::{DefaultBackend as B, MemoryPointer, Stream};
@@ -13,16 +14,17 @@ use crate::timing::{dev, device_ms_pair};
 
 const OPS: usize = 1000;
 const SIZE: usize = 64 << 10;
-/// The events the third anchor records into in turn (gpumem records each kept operation into an
-/// event of its own, and reuses those of released entries).
-const RING: usize = 32;
+/// The events the ring anchors record into in turn (gpumem records each kept operation into an
+/// event of its own, and reuses those of released entries: up to 256 entries wait before a
+/// release).
+const RINGS: [usize; 2] = [32, 256];
 
 /// What the raw anchor records after each operation.
 #[derive(Clone, Copy)]
 enum Record {
     Nothing,
     OneEvent,
-    Ring,
+    Ring(usize),
 }
 
 #[cfg_attr(all(feature = "hip", not(feature = "cuda")), allow(unreachable_code, unused_variables))]
@@ -40,11 +42,12 @@ pub(crate) fn stream_safety(report: &mut Report) {
     let (d, h) = (dev(), s.handle());
     let flags = EventFlags { disable_timing: true, ..EventFlags::default() };
     let event = B::event_create(d, flags).unwrap();
-    let ring: Vec<_> = (0..RING).map(|_| B::event_create(d, flags).unwrap()).collect();
+    let rings: Vec<Vec<_>> =
+        RINGS.iter().map(|&n| (0..n).map(|_| B::event_create(d, flags).unwrap()).collect()).collect();
     let event_of = |record: Record, i: usize| match record {
         Record::Nothing => None,
         Record::OneEvent => Some(&event),
-        Record::Ring => Some(&ring[i % RING]),
+        Record::Ring(r) => Some(&rings[r][i % RINGS[r]]),
     };
     for (whose, (dst, src)) in [("its own stream", &own), ("another stream", &other)] {
         let at = |p: &MemoryPointer, i: usize| p + (i * SIZE) as isize;
@@ -82,11 +85,13 @@ pub(crate) fn stream_safety(report: &mut Report) {
             }
         };
         let per_op = |ms: f64| ms * 1e3 / OPS as f64;
-        for record in [Record::Nothing, Record::OneEvent, Record::Ring] {
+        let records =
+            [Record::Nothing, Record::OneEvent].into_iter().chain((0..RINGS.len()).map(Record::Ring));
+        for record in records {
             let plus = match record {
                 Record::Nothing => String::new(),
                 Record::OneEvent => " + cuEventRecord".to_owned(),
-                Record::Ring => format!(" + cuEventRecord, a ring of {RING} events"),
+                Record::Ring(r) => format!(" + cuEventRecord, a ring of {} events", RINGS[r]),
             };
             let (ours, raw) = device_ms_pair(&s, memset, || raw_memset(record));
             report.add(
@@ -111,7 +116,7 @@ pub(crate) fn stream_safety(report: &mut Report) {
         }
     }
     B::event_destroy(d, event).unwrap();
-    for e in ring {
+    for e in rings.into_iter().flatten() {
         B::event_destroy(d, e).unwrap();
     }
 }
