@@ -2,15 +2,24 @@
 //! before a backend sees it, keeps the memory that queued work can reach alive, and makes pointers
 //! of the pool's chunks.
 //!
-//! - [`state`]: the lowest per-backend state: the current device, deferred errors; each layer
-//!   above keeps its own ([`statics`]: [`Runtime`], every layer's state together).
-//! - [`device`]: devices and the current device.
-//! - [`memory`] and [`pointer`](mod@pointer): memory objects and [`MemoryPointer`]; [`transfer`]: their
-//!   copies and memsets; [`staging`]: synchronous copies of pageable memory through pinned
-//!   buffers; [`pinned`]: pinned host memory; [`buffer`]: typed buffers over pointers.
+//! Its modules, lowest first; each imports only those before it (`tests/layers.rs` checks it):
+//!
+//! - [`state`]: the lowest per-backend state (the current device, the errors and drops `Drop`
+//!   leaves for later), reached through [`StateRuntime`](state::StateRuntime).
+//! - [`memory`]: memory objects.
+//! - [`stream`]: streams, events, graphs and callbacks, and what queued work keeps alive; its
+//!   state through [`StreamRuntime`](stream::StreamRuntime).
+//! - [`device`]: [`Device`](device::Device), and setting the current device.
+//! - [`device_allocator`]: the runtime's raw allocator for the pools (fixed or growing blocks).
+//! - [`pointer`](mod@pointer): [`MemoryPointer`] and the [`Allocator`](pointer::Allocator) trait;
+//!   [`pinned`]: pinned host memory.
 //! - [`pools`]: [`SingleDeviceMemoryPool`] and [`MemoryPool`], the pool of [`crate::pool`] with
-//!   pointers, streams and the runtime's allocator; [`allocator`]: CuPy's current allocator.
-//! - [`stream`]: streams, events, graphs and callbacks, the one tight cluster.
+//!   pointers, streams and the runtime's allocator.
+//! - [`allocator`]: CuPy's current allocators and the default pools; their state through
+//!   [`AllocatorRuntime`](allocator::AllocatorRuntime).
+//! - [`statics`]: [`Runtime`], every layer's state together, and the macro that declares it.
+//! - [`buffer`]: typed buffers over pointers; [`staging`]: synchronous copies of pageable memory
+//!   through pinned buffers; [`transfer`]: the copies and memsets of pointers.
 
 pub mod allocator;
 pub mod buffer;
