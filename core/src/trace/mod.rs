@@ -756,7 +756,7 @@ mod tests {
                 assert_eq!(plan.raw_calls, 0, "{name} {policy:?}: no raw call once settled");
                 // With expandable segments, the long-lived tensors made while recording (the
                 // optimizer's state) keep blocks of whole granules each, and the small ones the
-                // growing block they were cut from: 1.034 (GPT-2) and 1.064 (BERT) once settled
+                // growing block they were cut from: 1.035 (GPT-2) and 1.067 (BERT) once settled
                 // under Segments, 1.09 and 1.29 under HoldPeakInUse, whose growing blocks do not
                 // give back their middles.
                 let bound = match (expandable, policy) {

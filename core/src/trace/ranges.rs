@@ -1,6 +1,7 @@
 //! What the replays allocate from: [`AddressRanges`], address ranges with no memory behind them,
 //! and the driver calls a device would make for them.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -28,10 +29,10 @@ pub struct AddressRanges {
 /// device allocators make them: `cuMemAlloc` for a fixed block; for a growing one a reservation
 /// and, per growth, one physical allocation, one map and one access call (with stitching, one
 /// allocation and one map per 2 MiB page, none for a page lifted before, and one access call);
-/// per page lifted one unmap; per page lifted and not mapped again one release. A shrink counts
-/// two calls per mapping it gives back (without stitching the allocator unmaps whole growths:
-/// a shrink is counted as one). A block dropped counts `cuMemFree`, or an unmap and a release per
-/// mapping and the reservation's free.
+/// per page lifted one unmap; per page lifted and not mapped again one release. A shrink gives
+/// back whole mappings only, the last ones that fit (as the device allocators' do), and counts an
+/// unmap and a release for each. A block dropped counts `cuMemFree`, or an unmap and a release
+/// per mapping and the reservation's free.
 #[derive(Debug, Default)]
 pub struct DriverCalls {
     /// Calls so far.
@@ -63,14 +64,31 @@ pub struct AddressRange {
     device: DeviceId,
     /// The bytes lifted out of the range ([`RawAllocator::lift_pages`]).
     lifted: usize,
-    /// The mappings a device would hold for it (0 for a fixed block).
-    mappings: usize,
+    /// The mappings a device would hold for a growing block, by offset: their lengths (one per
+    /// growth, or one per page with stitching). Empty for a fixed block.
+    maps: BTreeMap<usize, usize>,
     calls: Arc<DriverCalls>,
+}
+
+impl AddressRange {
+    /// The bytes of the last mappings a device's shrink gives back for `bytes`: as many whole
+    /// ones as fit, each ending where the one after began (as the device allocator's segments).
+    fn last_mappings_within(&self, bytes: usize) -> usize {
+        let (mut end, mut done) = (self.size, 0);
+        for (&offset, &len) in self.maps.iter().rev() {
+            if done + len > bytes || offset + len != end {
+                break;
+            }
+            done += len;
+            end = offset;
+        }
+        done
+    }
 }
 
 impl Drop for AddressRange {
     fn drop(&mut self) {
-        self.calls.add(if self.mappings == 0 { 1 } else { 2 * self.mappings + 1 });
+        self.calls.add(if self.maps.is_empty() { 1 } else { 2 * self.maps.len() + 1 });
     }
 }
 
@@ -98,6 +116,21 @@ impl AddressRanges {
         }
     }
 
+    /// Maps `offset..offset + len` of `block` as a device would: one mapping, or one per page
+    /// with stitching.
+    fn map_range(&self, block: &mut AddressRange, offset: usize, len: usize) {
+        match self.granule {
+            Some(g) if self.stitch => {
+                for page in (offset..offset + len).step_by(g.max(1)) {
+                    block.maps.insert(page, g);
+                }
+            }
+            _ => {
+                block.maps.insert(offset, len);
+            }
+        }
+    }
+
     /// Whether `offset..offset + len` is whole granules inside `block`, and stitching is on.
     fn pages_of(&self, block: &AddressRange, offset: usize, len: usize) -> bool {
         let granule = self.granule.unwrap_or(usize::MAX);
@@ -114,12 +147,20 @@ impl RawAllocator for AddressRanges {
         // range of 1 TiB each to grow into.
         let span = if self.granule.is_some() { 1 << 40 } else { size.next_multiple_of(4096) + 4096 };
         let address = (1 << 40) + self.next.fetch_add(span, Ordering::Relaxed);
-        let mappings = if self.granule.is_some() { self.mappings(size) } else { 0 };
+        let mut block = AddressRange {
+            address,
+            size,
+            device,
+            lifted: 0,
+            maps: BTreeMap::new(),
+            calls: Arc::clone(&self.calls),
+        };
         self.calls.add(1);
-        if mappings > 0 {
-            self.calls.map(mappings);
+        if self.granule.is_some() {
+            self.calls.map(self.mappings(size));
+            self.map_range(&mut block, 0, size);
         }
-        Ok(AddressRange { address, size, device, lifted: 0, mappings, calls: Arc::clone(&self.calls) })
+        Ok(block)
     }
 
     fn expandable(&self) -> bool {
@@ -135,20 +176,38 @@ impl RawAllocator for AddressRanges {
             return Ok(false);
         }
         self.calls.map(self.mappings(extra));
-        block.mappings += self.mappings(extra);
+        let end = block.size;
+        self.map_range(block, end, extra);
         block.size += extra;
         Ok(true)
     }
 
+    /// What a device gives back: the last mappings that fit in `bytes`, whole (a growth is
+    /// unmapped whole, never in part).
     fn shrink(&self, block: &mut AddressRange, bytes: usize) -> Result<usize> {
-        if self.granule.is_none() || bytes >= block.size {
+        let done = self.shrinkable(block, bytes);
+        if done == 0 {
             return Ok(0);
         }
-        let gone = self.mappings(bytes).min(block.mappings.saturating_sub(1));
-        self.calls.add(2 * self.mappings(bytes));
-        block.mappings -= gone;
-        block.size -= bytes;
-        Ok(bytes)
+        let mut gone = 0;
+        while gone < done {
+            let Some((_, len)) = block.maps.pop_last() else { break };
+            gone += len;
+            self.calls.add(2);
+        }
+        block.size -= gone;
+        Ok(gone)
+    }
+
+    fn shrinkable(&self, block: &AddressRange, bytes: usize) -> usize {
+        let granule = match self.granule {
+            Some(g) => g,
+            None => return 0,
+        };
+        if !bytes.is_multiple_of(granule) || bytes >= block.size {
+            return 0;
+        }
+        block.last_mappings_within(bytes)
     }
 
     fn stitches(&self) -> bool {
@@ -163,7 +222,10 @@ impl RawAllocator for AddressRanges {
         let pages = self.mappings(len);
         self.calls.add(pages);
         self.calls.spare.fetch_add(pages, Ordering::Relaxed);
-        block.mappings = block.mappings.saturating_sub(pages);
+        let lifted: Vec<usize> = block.maps.range(offset..offset + len).map(|(&at, _)| at).collect();
+        for at in lifted {
+            block.maps.remove(&at);
+        }
         block.lifted += len;
         Ok(len)
     }
@@ -173,7 +235,7 @@ impl RawAllocator for AddressRanges {
             return Ok(0);
         }
         self.calls.map(self.mappings(len));
-        block.mappings += self.mappings(len);
+        self.map_range(block, offset, len);
         block.lifted -= len;
         Ok(len)
     }
@@ -211,5 +273,45 @@ impl Counting<AddressRanges> {
     #[must_use]
     pub fn driver_calls(&self) -> usize {
         self.inner().calls.calls.load(Ordering::Relaxed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MIB: usize = 1 << 20;
+
+    #[test]
+    fn a_shrink_gives_back_whole_growths_only_as_a_device_does() {
+        let ranges = AddressRanges { granule: Some(2 * MIB), ..AddressRanges::default() };
+        let mut block = ranges.allocate(0, 2 * MIB).unwrap();
+        assert!(ranges.grow(&mut block, 4 * MIB).unwrap());
+        assert!(ranges.grow(&mut block, 2 * MIB).unwrap());
+        // The last growth (2 MiB) fits in 4 MiB, the one before (4 MiB) not beside it.
+        assert_eq!(ranges.shrinkable(&block, 4 * MIB), 2 * MIB);
+        assert_eq!(ranges.shrink(&mut block, 4 * MIB).unwrap(), 2 * MIB);
+        assert_eq!(block.size(), 6 * MIB);
+        // Part of a growth is not given back; the first mapping never is.
+        assert_eq!(ranges.shrinkable(&block, 2 * MIB), 0);
+        assert_eq!(ranges.shrink(&mut block, 2 * MIB).unwrap(), 0);
+        assert_eq!(ranges.shrink(&mut block, 4 * MIB).unwrap(), 4 * MIB);
+        assert_eq!(ranges.shrink(&mut block, 2 * MIB).unwrap(), 0, "a shrink of the whole block");
+        assert_eq!(block.size(), 2 * MIB);
+    }
+
+    #[test]
+    #[allow(unsafe_code)] // the trait's `lift_pages`; no memory is behind the ranges
+    fn with_stitching_a_shrink_gives_back_the_last_pages_that_are_mapped_in_a_row() {
+        let ranges = AddressRanges { granule: Some(2 * MIB), stitch: true, ..AddressRanges::default() };
+        let mut block = ranges.allocate(0, 8 * MIB).unwrap();
+        assert_eq!(ranges.shrinkable(&block, 4 * MIB), 4 * MIB);
+        // A page lifted from the middle ends the run of mapped pages behind it.
+        // SAFETY: no memory is behind the range.
+        assert_eq!(unsafe { ranges.lift_pages(&mut block, 4 * MIB, 2 * MIB) }.unwrap(), 2 * MIB);
+        assert_eq!(ranges.shrinkable(&block, 6 * MIB), 2 * MIB);
+        assert_eq!(ranges.map_pages(&mut block, 4 * MIB, 2 * MIB).unwrap(), 2 * MIB);
+        assert_eq!(ranges.shrink(&mut block, 6 * MIB).unwrap(), 6 * MIB);
+        assert_eq!(block.held(), 2 * MIB);
     }
 }
