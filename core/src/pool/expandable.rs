@@ -358,27 +358,36 @@ pub struct Segment<B: VirtualMemoryOps> {
     _backend: std::marker::PhantomData<fn() -> B>,
 }
 
-impl<B: VirtualMemoryOps> Segment<B> {
-    /// The bytes of the last mappings that [`Self::unmap_last`] would give back for `bytes`: as
-    /// many whole ones as fit, each ending where the one after began.
-    fn last_mappings_within(&self, bytes: usize) -> usize {
-        let mut end = self.extent;
-        let mut done = 0;
-        for (&offset, &(len, _)) in self.maps.iter().rev() {
-            if done + len > bytes || offset + len != end {
-                break;
-            }
-            done += len;
-            end = offset;
-        }
-        done
+/// What a shrink of `bytes` gives back of a growing block `extent` bytes long whose mappings are
+/// `maps` (offset and length, in address order): nothing unless `bytes` is whole granules and
+/// less than the block; else the last mappings, as many whole ones as fit, each ending where the
+/// one after began. A mapping is never unmapped in part. The device allocator's segments shrink
+/// by it, and the replays' address ranges model them with it.
+pub(crate) fn shrinkable_tail(
+    extent: usize,
+    granule: usize,
+    bytes: usize,
+    maps: impl DoubleEndedIterator<Item = (usize, usize)>,
+) -> usize {
+    if !bytes.is_multiple_of(granule) || bytes >= extent {
+        return 0;
     }
+    let (mut end, mut done) = (extent, 0);
+    for (offset, len) in maps.rev() {
+        if done + len > bytes || offset + len != end {
+            break;
+        }
+        done += len;
+        end = offset;
+    }
+    done
+}
 
-    /// Unmaps and releases the last mappings, those [`Self::last_mappings_within`] names for
-    /// `bytes`; returns the bytes given back. A failure after some mappings went is reported as
+impl<B: VirtualMemoryOps> Segment<B> {
+    /// Unmaps and releases the last mappings, `want` bytes of them (what [`shrinkable_tail`]
+    /// named); returns the bytes given back. A failure after some mappings went is reported as
     /// what went (the block is that much shorter); a failure before any went is the error.
-    fn unmap_last(&mut self, bytes: usize) -> Result<usize> {
-        let want = self.last_mappings_within(bytes);
+    fn unmap_last(&mut self, want: usize) -> Result<usize> {
         let access = Arc::clone(&self.access);
         let mut access = access.lock();
         let mut done = 0;
@@ -497,17 +506,15 @@ impl<B: VirtualMemoryOps> RawAllocator for ExpandableAllocator<B> {
     }
 
     fn shrink(&self, block: &mut Segment<B>, bytes: usize) -> Result<usize> {
-        if self.shrinkable(block, bytes) == 0 {
-            return Ok(0);
+        match self.shrinkable(block, bytes) {
+            0 => Ok(0),
+            want => block.unmap_last(want),
         }
-        block.unmap_last(bytes)
     }
 
     fn shrinkable(&self, block: &Segment<B>, bytes: usize) -> usize {
-        if !bytes.is_multiple_of(self.granule) || bytes >= block.extent {
-            return 0;
-        }
-        block.last_mappings_within(bytes)
+        let maps = block.maps.iter().map(|(&offset, &(len, _))| (offset, len));
+        shrinkable_tail(block.extent, self.granule, bytes, maps)
     }
 
     fn stitches(&self) -> bool {

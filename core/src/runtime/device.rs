@@ -105,7 +105,7 @@ impl<B: StreamRuntime> Device<B> {
     ///
     /// The runtime's error.
     pub fn synchronize(&self) -> Result<()> {
-        if crate::runtime::stream::callback::in_callback() {
+        if crate::runtime::state::in_callback() {
             return Err(Error::NotAllowedInCallback { operation: "Device::synchronize" });
         }
         B::device_synchronize(self.checked()?)?;

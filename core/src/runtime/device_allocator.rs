@@ -237,7 +237,7 @@ impl<B: StreamRuntime> RawAllocator for DeviceAllocator<B> {
                 // Unmapping does not wait for queued work, which may still use the tail: a failed
                 // wait refuses the shrink, and the tail stays mapped and cached. A host function
                 // cannot wait for its own device: it shrinks nothing.
-                if crate::runtime::stream::callback::in_callback() {
+                if crate::runtime::state::in_callback() {
                     return Ok(0);
                 }
                 inflight::wait_unrecorded::<B>(s.device())?;
@@ -265,7 +265,7 @@ impl<B: StreamRuntime> RawAllocator for DeviceAllocator<B> {
                 // Unmapping does not wait for queued work, which may still use pages the pool
                 // lends its own stream again: as for a shrink, the work queued with no event is
                 // waited for first, and a host function, which cannot wait, lifts nothing.
-                if crate::runtime::stream::callback::in_callback() {
+                if crate::runtime::state::in_callback() {
                     return Ok(0);
                 }
                 inflight::wait_unrecorded::<B>(s.device())?;

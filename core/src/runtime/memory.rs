@@ -15,9 +15,7 @@ use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::counting::Counted;
 use crate::pool::{ArenaKey, PooledMemory, RawAllocator, RawBlock};
-use crate::runtime::state::current_device;
-use crate::runtime::state::record_drop_error;
-use crate::runtime::state::StateRuntime;
+use crate::runtime::state::{current_device, record_drop_error, StateRuntime};
 
 /// A block of device memory of backend `B`: CuPy's `BaseMemory`.
 ///

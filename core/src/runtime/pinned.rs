@@ -15,8 +15,7 @@ use crate::error::{Error, Result};
 use crate::hal::DeviceId;
 use crate::pool::pinned::{pinned_rounded_size, PinnedCache};
 use crate::runtime::pointer::Offset;
-use crate::runtime::state::current_device;
-use crate::runtime::state::record_drop_error;
+use crate::runtime::state::{current_device, record_drop_error};
 use crate::runtime::stream::StreamRuntime;
 
 /// A block of pinned host memory of backend `B`.

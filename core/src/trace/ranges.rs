@@ -8,6 +8,7 @@ use std::sync::Arc;
 use crate::error::Result;
 use crate::hal::types::{DeviceId, DevicePtr};
 use crate::pool::counting::Counting;
+use crate::pool::expandable::shrinkable_tail;
 use crate::pool::{RawAllocator, RawBlock};
 
 /// A raw allocator of address ranges that never overlap, with no memory behind them (host
@@ -68,22 +69,6 @@ pub struct AddressRange {
     /// growth, or one per page with stitching). Empty for a fixed block.
     maps: BTreeMap<usize, usize>,
     calls: Arc<DriverCalls>,
-}
-
-impl AddressRange {
-    /// The bytes of the last mappings a device's shrink gives back for `bytes`: as many whole
-    /// ones as fit, each ending where the one after began (as the device allocator's segments).
-    fn last_mappings_within(&self, bytes: usize) -> usize {
-        let (mut end, mut done) = (self.size, 0);
-        for (&offset, &len) in self.maps.iter().rev() {
-            if done + len > bytes || offset + len != end {
-                break;
-            }
-            done += len;
-            end = offset;
-        }
-        done
-    }
 }
 
 impl Drop for AddressRange {
@@ -200,14 +185,8 @@ impl RawAllocator for AddressRanges {
     }
 
     fn shrinkable(&self, block: &AddressRange, bytes: usize) -> usize {
-        let granule = match self.granule {
-            Some(g) => g,
-            None => return 0,
-        };
-        if !bytes.is_multiple_of(granule) || bytes >= block.size {
-            return 0;
-        }
-        block.last_mappings_within(bytes)
+        let maps = block.maps.iter().map(|(&offset, &len)| (offset, len));
+        self.granule.map_or(0, |granule| shrinkable_tail(block.size, granule, bytes, maps))
     }
 
     fn stitches(&self) -> bool {

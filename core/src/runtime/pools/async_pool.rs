@@ -44,8 +44,7 @@ use crate::pool::Limit;
 use crate::runtime::memory::BaseMemory;
 use crate::runtime::pointer::Allocator;
 use crate::runtime::pointer::MemoryPointer;
-use crate::runtime::state::{current_device, device_count};
-use crate::runtime::state::{drop_outside_callbacks, record_drop_error};
+use crate::runtime::state::{current_device, device_count, drop_outside_callbacks, record_drop_error};
 use crate::runtime::stream::StreamRuntime;
 use crate::runtime::stream::{self, inflight, Stream};
 

@@ -77,7 +77,7 @@ impl<B: StreamRuntime> StreamOrder for EventStreamOrder<B> {
         // No event is recorded inside a host function, and none while gpumem captures (a record on
         // a capturing stream would become part of the graph).
         owner.stream_key() != borrower.stream_key()
-            && !stream::callback::in_callback()
+            && !crate::runtime::state::in_callback()
             && !stream::inflight::any_capture::<B>()
             && stream_of::<B>(owner).is_some()
             && stream_of::<B>(borrower).is_some()
@@ -177,7 +177,8 @@ impl<B: StreamRuntime> BorrowerFence<B> {
     /// else leaves the state pending, for the next look.
     fn record(&self, state: &mut Recorded<B>) {
         let Recorded::Pending(stream) = &*state else { return };
-        if stream::callback::in_callback() || (B::CAPS.capture && stream.is_capturing().unwrap_or(true)) {
+        if crate::runtime::state::in_callback() || (B::CAPS.capture && stream.is_capturing().unwrap_or(true))
+        {
             return;
         }
         let event = self.spare.lock().pop().map_or_else(|| event_on::<B>(self.device), Ok);
@@ -197,7 +198,7 @@ impl<B: StreamRuntime> BorrowerFence<B> {
 
 impl<B: StreamRuntime> Drop for BorrowerFence<B> {
     fn drop(&mut self) {
-        if stream::callback::in_callback() {
+        if crate::runtime::state::in_callback() {
             return;
         }
         let recorded = std::mem::replace(&mut *self.state.lock(), Recorded::Done);
@@ -214,7 +215,7 @@ impl<B: StreamRuntime> Drop for BorrowerFence<B> {
 impl<B: StreamRuntime> Fence for BorrowerFence<B> {
     fn is_complete(&self) -> bool {
         // Inside a host function no runtime call is allowed: not yet, as far as the pool knows.
-        if self.never || stream::callback::in_callback() {
+        if self.never || crate::runtime::state::in_callback() {
             return false;
         }
         let mut state = self.state.lock();

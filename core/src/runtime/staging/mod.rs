@@ -355,7 +355,7 @@ pub(crate) struct Plan {
 pub(crate) fn plan<B: Runtime>(size: usize) -> Result<Option<Plan>> {
     let config = PageableStaging::current::<B>()?;
     match config.threshold {
-        Some(t) if size >= t && !crate::runtime::stream::callback::in_callback() => {}
+        Some(t) if size >= t && !crate::runtime::state::in_callback() => {}
         _ => return Ok(None),
     }
     // A quarter of the copy, rounded down to a power of two (the pool's sizes), so that a copy

@@ -14,7 +14,6 @@ use parking_lot::Mutex;
 use crate::pool::ArenaKey;
 use crate::runtime::stream::StreamRuntime;
 
-pub(crate) use crate::runtime::state::in_callback;
 use crate::runtime::state::CallbackMark;
 
 /// Runs `f` marked as inside a callback.

@@ -10,8 +10,7 @@ use std::sync::{Arc, Weak};
 use crate::error::{Error, Result};
 use crate::hal::{CaptureMode, CaptureStatus, DeviceId, StreamFlags};
 use crate::pool::ArenaKey;
-use crate::runtime::state::current_device;
-use crate::runtime::state::{per_thread_arena_key, per_thread_default_stream};
+use crate::runtime::state::{current_device, per_thread_arena_key, per_thread_default_stream};
 
 pub(crate) mod callback;
 pub mod event;
@@ -434,7 +433,7 @@ impl<B: StreamRuntime> Stream<B> {
     /// The runtime's error (a capturing stream cannot be synchronised), or
     /// [`Error::CallbackPanicked`].
     pub fn synchronize(&self) -> Result<()> {
-        if callback::in_callback() {
+        if crate::runtime::state::in_callback() {
             return Err(Error::NotAllowedInCallback { operation: "Stream::synchronize" });
         }
         // SAFETY: `self` keeps its stream alive (see `is_non_blocking`).

@@ -425,7 +425,7 @@ fn lock_when_free<B: StreamRuntime>(
     let inflight = &B::stream_globals().inflight;
     let mut entries = counted(inflight.entries.lock());
     while entries.is_busy(ranges) {
-        if crate::runtime::stream::callback::in_callback() {
+        if crate::runtime::state::in_callback() {
             return Err(crate::Error::NotAllowedInCallback { operation });
         }
         inflight.access_ended.wait(&mut entries);
@@ -465,7 +465,7 @@ pub(crate) unsafe fn begin<B: StreamRuntime>(
     let inflight = &B::stream_globals().inflight;
     if inflight.n_entries.load(Ordering::Relaxed) >= inflight.collect_at.load(Ordering::Relaxed) {
         collect::<B>();
-    } else if !crate::runtime::stream::callback::in_callback() {
+    } else if !crate::runtime::state::in_callback() {
         crate::runtime::state::run_deferred::<B>();
     }
     let captures = (B::CAPS.capture && inflight.n_captures.load(Ordering::Acquire) > 0)
@@ -577,7 +577,7 @@ impl<B: StreamRuntime> Queueing<'_, B> {
 /// Releases what completed work kept, and runs drops deferred from callbacks. Never called from
 /// a callback (it may free memory, which the runtimes refuse there).
 pub(crate) fn collect<B: StreamRuntime>() {
-    if crate::runtime::stream::callback::in_callback() {
+    if crate::runtime::state::in_callback() {
         return;
     }
     let inflight = &B::stream_globals().inflight;
@@ -669,7 +669,7 @@ pub(crate) fn access<B: StreamRuntime, T>(
     let (busy, waits) = {
         let mut entries = lock_when_free::<B>(ranges, operation)?;
         let mut waits = entries.overlapping(ranges, |_| true);
-        let in_callback = crate::runtime::stream::callback::in_callback();
+        let in_callback = crate::runtime::state::in_callback();
         for &stream in reuse.iter().flatten() {
             // A host function records no event: work queued with no event there is refused as
             // queued work is.
@@ -712,7 +712,7 @@ impl<B: StreamRuntime> Drop for Busy<B> {
 /// Waits for every queued operation gpumem keeps memory for, then releases it: the pool's last
 /// resort before it reports out of memory. Does nothing inside a callback.
 pub(crate) fn wait_all<B: StreamRuntime>() {
-    if crate::runtime::stream::callback::in_callback() {
+    if crate::runtime::state::in_callback() {
         return;
     }
     let events: Vec<Event<B>> =
@@ -734,7 +734,7 @@ pub(crate) fn begin_capture<B: StreamRuntime>(
     identity: ArenaKey,
     start: impl FnOnce() -> Result<Option<u64>>,
 ) -> Result<()> {
-    if crate::runtime::stream::callback::in_callback() {
+    if crate::runtime::state::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "begin_capture" });
     }
     let inflight = &B::stream_globals().inflight;
@@ -756,7 +756,7 @@ pub(crate) fn end_capture<B: StreamRuntime, G>(
     identity: ArenaKey,
     end: impl FnOnce() -> Result<G>,
 ) -> Result<(G, CaptureRecord<B>)> {
-    if crate::runtime::stream::callback::in_callback() {
+    if crate::runtime::state::in_callback() {
         return Err(crate::Error::NotAllowedInCallback { operation: "end_capture" });
     }
     let inflight = &B::stream_globals().inflight;
