@@ -732,10 +732,12 @@ impl<R: RawAllocator> Pool<R> {
         st.bounded_split = policy == GrowthPolicy::HoldPeakInUse;
         // Small and large requests apart keep a small tensor from pinning a large block that
         // could be released; a growing block releases only its free tail, which any live chunk
-        // before it pins, so with expandable segments all sizes share one growing block
-        // (`policy`'s docs give what it measured).
+        // before it pins, so with expandable segments all sizes share one growing block. With
+        // stitching they are apart again: a small chunk in a large request's page keeps that
+        // page from moving (`policy`'s docs give what each measured).
         if st.holds_no_block() {
-            st.segmented = policy == GrowthPolicy::Segments && !expandable;
+            let stitching = self.shared.allocator.stitches();
+            st.segmented = policy == GrowthPolicy::Segments && (!expandable || stitching);
         }
         // `HoldPeakInUse` does not grow blocks in place.
         st.set_keep_tail_last(expandable && policy != GrowthPolicy::HoldPeakInUse);

@@ -144,6 +144,39 @@ fn a_stitching_block_grows_by_what_its_tail_lacks_where_expandable_segments_take
 }
 
 #[test]
+fn with_segments_a_stitching_pool_keeps_small_requests_off_the_pages_of_large_ones() {
+    // Four long-lived 512 KiB requests between four 10 MiB ones that are freed. In one block the
+    // small chunks would sit between the large ones, and a 24 MiB request would fit none of the
+    // four 10 MiB holes: pages would move. Kept apart, the small requests share one small block
+    // and the large ones' 40 MiB is one free run that takes the request whole.
+    let allocator = CountingAllocator::stitching(2 * MIB);
+    let pool = Pool::new(0, allocator.clone());
+    pool.set_growth_policy(GrowthPolicy::Segments);
+    pool.set_expandable_segments(true).unwrap();
+    let cache = ArenaCache::new();
+    let mut small = Vec::new();
+    let mut large = Vec::new();
+    for _ in 0..4 {
+        small.push(pool.malloc(MIB / 2, ArenaKey::NULL, &cache).unwrap());
+        large.push(pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap());
+    }
+    let (small_start, small_end) = (small[0].ptr(), small[3].ptr() + MIB / 2);
+    assert!(large.iter().all(|l| l.ptr() + 10 * MIB <= small_start || l.ptr() >= small_end));
+    assert_eq!(held(&allocator), 42 * MIB, "a small block of one page, a large one of twenty");
+    drop(large);
+    let lifted = || allocator.counts().lifted.load(std::sync::atomic::Ordering::Relaxed);
+    let (allocs, lifted_before) = (allocator.counts().snapshot().0, lifted());
+    let big = pool.malloc(24 * MIB, ArenaKey::NULL, &cache).unwrap();
+    assert_eq!(allocator.counts().snapshot().0, allocs, "no raw call");
+    assert_eq!(lifted(), lifted_before, "no page moved");
+    assert_eq!(held(&allocator), 42 * MIB);
+    check(&pool, 42 * MIB);
+    drop((big, small));
+    pool.free_all_blocks(None);
+    assert_eq!(held(&allocator), 0, "every byte comes back");
+}
+
+#[test]
 fn a_lifted_range_and_the_free_chunks_beside_it_take_a_request_for_the_pages_it_lacks() {
     let (pool, allocator, cache) = stitching();
     let [a, c, d, e] = lift_a_hole(&pool, &cache);
