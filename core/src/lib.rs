@@ -102,8 +102,8 @@ pub use hal::{
 };
 pub use hooks::{AllocEvent, FreeEvent, HookGuard, HookResult, MallocEvent, MemoryHook};
 pub use pool::{
-    round_size, ArenaKey, Fence, GrowthPolicy, Limit, PlanState, PlanStats, PooledMemory, RawAllocator,
-    RawBlock, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
+    round_size, ArenaKey, Fence, GrowthPolicy, Limit, OtherStreams, PlanState, PlanStats, PooledMemory,
+    RawAllocator, RawBlock, ALLOCATION_UNIT_SIZE, LIMIT_ENV,
 };
 pub use runtime::allocator::{
     alloc, alloc_pinned_memory, get_allocator, get_default_memory_pool, get_default_pinned_memory_pool,

@@ -30,6 +30,25 @@ pub struct PooledMemory<R: RawAllocator> {
     /// record. Else 0, which the free path tests, so that a plain chunk pays one comparison for
     /// this.
     tag: u64,
+    /// The other streams whose work used the chunk with no event, for its free to be ordered
+    /// after (see [`PooledMemory::note_other_stream`]): 0 for none, [`MANY`] for more than one,
+    /// else the one's arena key plus one.
+    others: AtomicU64,
+}
+
+/// [`PooledMemory`]'s `others` for more than one stream.
+const MANY: u64 = u64::MAX;
+
+/// The other streams whose work used a chunk with no event
+/// ([`PooledMemory::note_other_stream`]): its free orders the chunk's own stream after them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum OtherStreams {
+    /// None: the chunk's own stream's order covers its reuse.
+    None,
+    /// One stream, by its arena key.
+    One(ArenaKey),
+    /// More than one: the free waits for every stream noted with such work on the device.
+    Many,
 }
 
 impl<R: RawAllocator> PooledMemory<R> {
@@ -43,6 +62,7 @@ impl<R: RawAllocator> PooledMemory<R> {
             ptr: lent.ptr,
             size,
             tag: 0,
+            others: AtomicU64::new(0),
         }
     }
 
@@ -74,6 +94,38 @@ impl<R: RawAllocator> PooledMemory<R> {
         self.borrower().is_none().then(|| arena.get().key.stream_key())
     }
 
+    /// Notes that work of `stream` (an arena key of a stream of the chunk's device) was queued on
+    /// the chunk with nothing to keep it alive: when the chunk goes back, it goes behind a fence
+    /// on that work from the pool's [`StreamOrder`](super::StreamOrder)
+    /// ([`order_after_uses`](super::StreamOrder::order_after_uses)), so it is lent again only
+    /// once that work has run. `false` for a chunk with no [`reuse_stream`](Self::reuse_stream), whose
+    /// users keep it alive instead. The chunk's own stream needs no note.
+    pub fn note_other_stream(&self, stream: ArenaKey) -> bool {
+        let Some(own) = self.reuse_stream() else { return false };
+        let stream = stream.stream_key();
+        if stream == own {
+            return true;
+        }
+        let one = stream.raw().wrapping_add(1);
+        let _ = self.others.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| match now {
+            0 if one != 0 => Some(one),
+            now if now == one || now == MANY => None,
+            _ => Some(MANY),
+        });
+        true
+    }
+
+    /// The other streams noted by [`PooledMemory::note_other_stream`].
+    #[must_use]
+    #[inline]
+    pub fn other_streams(&self) -> OtherStreams {
+        match self.others.load(Ordering::Relaxed) {
+            0 => OtherStreams::None,
+            MANY => OtherStreams::Many,
+            one => OtherStreams::One(ArenaKey::from_raw(one - 1)),
+        }
+    }
+
     /// Marks the chunk as recorded by the planner under `tag` (a chunk borrowed from another
     /// stream's arena keeps its mark, and its free goes unrecorded: the planner then leaves that
     /// allocation to the pool).
@@ -93,6 +145,7 @@ impl<R: RawAllocator> PooledMemory<R> {
             ptr: 0,
             size: 0,
             tag: NEXT.fetch_add(1, Ordering::Relaxed),
+            others: AtomicU64::new(0),
         }
     }
 
@@ -145,7 +198,9 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn free(mut self) -> Result<()> {
         match self.arena.take() {
             None => Ok(()),
-            Some(arena) if self.tag != 0 => Ok(self.return_borrowed(arena, None)?),
+            Some(arena) if self.tag != 0 || *self.others.get_mut() != 0 => {
+                Ok(self.return_borrowed(arena, None)?)
+            }
             Some(arena) if !hooks::active() => {
                 give_back(arena, self.slot);
                 Ok(())
@@ -163,7 +218,9 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn free_after(mut self, fence: Box<dyn Fence>) -> Result<()> {
         match self.arena.take() {
             None => Ok(()),
-            Some(arena) if self.tag != 0 => Ok(self.return_borrowed(arena, Some(fence))?),
+            Some(arena) if self.tag != 0 || *self.others.get_mut() != 0 => {
+                Ok(self.return_borrowed(arena, Some(fence))?)
+            }
             Some(arena) if !hooks::active() => {
                 release_fenced(arena, self.slot, fence);
                 Ok(())
@@ -173,8 +230,9 @@ impl<R: RawAllocator> PooledMemory<R> {
     }
 
     /// Returns a chunk lent to another stream than its arena's, behind a fence on the borrower's
-    /// stream (and `fence`, if any), or a chunk the planner recorded (telling the planner of the
-    /// free first), between the free hooks if any is installed.
+    /// stream (and `fence`, if any), a chunk the planner recorded (telling the planner of the
+    /// free first), or a chunk other streams used with no event (behind a fence on their work),
+    /// between the free hooks if any is installed.
     ///
     /// # Errors
     ///
@@ -189,15 +247,24 @@ impl<R: RawAllocator> PooledMemory<R> {
         if self.tag & RECORDED != 0 {
             arena.get().shared.planner.on_free(self.tag, self.size);
         }
-        let own = match (self.borrower(), arena.get().shared.stream_order.get()) {
+        let order = arena.get().shared.stream_order.get();
+        let own = match (self.borrower(), order) {
             (Some(borrower), Some(order)) => Some(order.fence_after(borrower)),
             // Not reached: a chunk is borrowed only through the installed order, which stays.
             _ => None,
         };
-        let fence = match (own, fence) {
+        let uses = match (self.other_streams(), order) {
+            (OtherStreams::None, _) => None,
+            (others, Some(order)) => order.order_after_uses(arena.get().key.stream_key(), others),
+            // Not reached: only a pool's runtime notes other streams, and it installs an order.
+            // A fence that never completes keeps the chunk out of use, which is safe.
+            (_, None) => Some(Box::new(share::Never) as Box<dyn Fence>),
+        };
+        let both = |a: Option<Box<dyn Fence>>, b: Option<Box<dyn Fence>>| match (a, b) {
             (Some(a), Some(b)) => Some(Box::new(share::Both(a, b)) as Box<dyn Fence>),
             (a, b) => a.or(b),
         };
+        let fence = both(both(own, uses), fence);
         // A fence already complete (the borrower's stream was idle) needs no parking.
         let fence = fence.filter(|f| !f.is_complete());
         match (fence, hooks::active()) {
@@ -382,7 +449,7 @@ impl<R: RawAllocator> Drop for PooledMemory<R> {
     #[inline]
     fn drop(&mut self) {
         if let Some(arena) = self.arena.take() {
-            if self.tag != 0 {
+            if self.tag != 0 || *self.others.get_mut() != 0 {
                 if let Err(e) = self.return_borrowed(arena, None) {
                     hooks::record_drop_error(e.into());
                 }

@@ -84,8 +84,8 @@ use crate::hal::types::DeviceId;
 use crate::hooks::{self, MallocEvent, Observed};
 
 use arena::ArenaState;
-pub use chunk::PooledMemory;
 use chunk::{give_back, observe_raw_frees};
+pub use chunk::{OtherStreams, PooledMemory};
 pub use key::ArenaKey;
 pub use limit::{Limit, LIMIT_ENV};
 pub use planner::{PlanState, PlanStats};

@@ -24,7 +24,8 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 
 use super::{
-    give_back, Arena, ArenaCache, ArenaKey, ArenaRef, Fence, GrowthPolicy, Pool, PooledMemory, RawAllocator,
+    give_back, Arena, ArenaCache, ArenaKey, ArenaRef, Fence, GrowthPolicy, OtherStreams, Pool, PooledMemory,
+    RawAllocator,
 };
 
 /// Orders the streams behind two arenas, so that a [`Pool`] may lend one stream's free chunk to
@@ -44,6 +45,16 @@ pub trait StreamOrder: Send + Sync + 'static {
     /// A fence that completes once the work queued on `borrower`'s stream so far has run. Called
     /// once for each chunk lent after an [`StreamOrder::order_after`], when it comes back.
     fn fence_after(&self, borrower: ArenaKey) -> Box<dyn Fence>;
+
+    /// Orders the reuse of a chunk of `owner`'s arena after the work the streams `others`
+    /// queued on it so far ([`PooledMemory::note_other_stream`]): `None` when nothing is left to
+    /// wait for, else a fence the chunk goes back behind. The default, for orders that never see
+    /// such a chunk, is a fence that never completes: the chunk is never lent again, which is
+    /// safe.
+    fn order_after_uses(&self, owner: ArenaKey, others: OtherStreams) -> Option<Box<dyn Fence>> {
+        let _ = (owner, others);
+        Some(Box::new(Never))
+    }
 }
 
 /// A [`StreamOrder`] for memory that no device work touches (trace replays, tests): any two
@@ -61,9 +72,22 @@ impl StreamOrder for NoQueuedWork {
     fn fence_after(&self, _borrower: ArenaKey) -> Box<dyn Fence> {
         Box::new(Done)
     }
+    fn order_after_uses(&self, _owner: ArenaKey, _others: OtherStreams) -> Option<Box<dyn Fence>> {
+        None
+    }
 }
 
 struct Done;
+
+/// A fence that never completes: what it fences is never lent again.
+pub(super) struct Never;
+
+impl Fence for Never {
+    fn is_complete(&self) -> bool {
+        false
+    }
+    fn wait(&self) {}
+}
 
 impl Fence for Done {
     fn is_complete(&self) -> bool {

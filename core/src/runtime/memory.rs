@@ -14,7 +14,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::hal::{DeviceId, DevicePtr};
 use crate::pool::counting::Counted;
-use crate::pool::{ArenaKey, PooledMemory, RawAllocator, RawBlock};
+use crate::pool::{ArenaKey, OtherStreams, PooledMemory, RawAllocator, RawBlock};
 use crate::runtime::state::{current_device, record_drop_error, StateRuntime};
 
 /// A block of device memory of backend `B`: CuPy's `BaseMemory`.
@@ -28,7 +28,10 @@ use crate::runtime::state::{current_device, record_drop_error, StateRuntime};
 /// [`reuse_stream`](Self::reuse_stream) promises more: the range stays valid for the work queued
 /// on that stream until the stream has passed it, even after the object is dropped, and is used
 /// meanwhile only by that stream's later work (a pool's stream-ordered reuse, on blocks freed
-/// only after the device's queued work).
+/// only after the device's queued work). One that returns `true` from
+/// [`note_other_stream`](Self::note_other_stream) promises the same for the work queued so far
+/// on the stream it noted: when dropped, its memory is lent again only behind that work (a pool's
+/// chunk orders its own stream after it, see [`PooledMemory::note_other_stream`]).
 pub unsafe trait BaseMemory<B: StateRuntime>: Send + Sync + fmt::Debug + 'static {
     /// The start address.
     fn ptr(&self) -> DevicePtr;
@@ -56,6 +59,18 @@ pub unsafe trait BaseMemory<B: StateRuntime>: Send + Sync + fmt::Debug + 'static
     /// alive until it is done.
     fn reuse_stream(&self) -> Option<ArenaKey> {
         None
+    }
+    /// For memory with a [`reuse_stream`](Self::reuse_stream): notes that work was queued on it
+    /// on another stream of its device (by arena key) with nothing to keep it alive, and returns
+    /// `true`; the memory's reuse is then ordered after that work too. `false` (the default)
+    /// when it cannot: that work then keeps the memory alive until it is done.
+    fn note_other_stream(&self, stream: ArenaKey) -> bool {
+        let _ = stream;
+        false
+    }
+    /// The other streams noted by [`note_other_stream`](Self::note_other_stream).
+    fn other_streams(&self) -> OtherStreams {
+        OtherStreams::None
     }
 }
 
@@ -222,6 +237,12 @@ where
     fn reuse_stream(&self) -> Option<ArenaKey> {
         PooledMemory::reuse_stream(self)
     }
+    fn note_other_stream(&self, stream: ArenaKey) -> bool {
+        PooledMemory::note_other_stream(self, stream)
+    }
+    fn other_streams(&self) -> OtherStreams {
+        PooledMemory::other_streams(self)
+    }
 }
 
 // SAFETY: every method forwards to the inner block, a memory object of `B` that the counted
@@ -282,5 +303,11 @@ unsafe impl<B: StateRuntime> BaseMemory<B> for Box<dyn BaseMemory<B>> {
     }
     fn reuse_stream(&self) -> Option<ArenaKey> {
         (**self).reuse_stream()
+    }
+    fn note_other_stream(&self, stream: ArenaKey) -> bool {
+        (**self).note_other_stream(stream)
+    }
+    fn other_streams(&self) -> OtherStreams {
+        (**self).other_streams()
     }
 }

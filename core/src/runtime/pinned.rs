@@ -188,12 +188,16 @@ impl<B: StreamRuntime> PinnedMemoryPointer<B> {
         if !data.is_empty() {
             // Transfers queued on these bytes finish first, and none is queued while it runs.
             let range = (dst as usize, dst as usize + data.len());
-            crate::runtime::stream::inflight::access::<B, _>(&[range], &[], || {
-                // SAFETY: `dst..dst+len` was checked to lie in the live pinned allocation, which
-                // `data` (a Rust borrow) cannot overlap.
-                unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
-                Ok(())
-            })?;
+            crate::runtime::stream::inflight::access::<B, _, _>(
+                &[range],
+                || [],
+                || {
+                    // SAFETY: `dst..dst+len` was checked to lie in the live pinned allocation, which
+                    // `data` (a Rust borrow) cannot overlap.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+                    Ok(())
+                },
+            )?;
         }
         Ok(())
     }
@@ -209,11 +213,15 @@ impl<B: StreamRuntime> PinnedMemoryPointer<B> {
         if !out.is_empty() {
             // Transfers queued on these bytes finish first, and none is queued while it runs.
             let range = (src as usize, src as usize + out.len());
-            crate::runtime::stream::inflight::access::<B, _>(&[range], &[], || {
-                // SAFETY: as in `write`, in the other direction.
-                unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
-                Ok(())
-            })?;
+            crate::runtime::stream::inflight::access::<B, _, _>(
+                &[range],
+                || [],
+                || {
+                    // SAFETY: as in `write`, in the other direction.
+                    unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+                    Ok(())
+                },
+            )?;
         }
         Ok(())
     }

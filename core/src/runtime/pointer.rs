@@ -19,6 +19,7 @@ use crate::pool::{ArenaKey, PooledMemory, RawAllocator};
 use crate::runtime::device::Device;
 use crate::runtime::device_allocator::DeviceAllocator;
 use crate::runtime::memory::BaseMemory;
+use crate::runtime::stream::inflight::Order;
 use crate::runtime::stream::StreamRuntime;
 
 /// An exact byte offset from the start of a memory object.
@@ -188,36 +189,28 @@ impl<B: StreamRuntime> Held<B> {
         }
     }
 
-    /// The pool chunk's identifier, without sharing an inline chunk.
-    fn pmem_id(&self) -> Option<u64> {
+    /// `f` of the memory object, without sharing an inline chunk; `None` only while another
+    /// thread is sharing it (moving the chunk into its `Arc`).
+    fn with_memory<T>(&self, f: impl Fn(&dyn BaseMemory<B>) -> T) -> Option<T> {
         match &self.owner {
-            Owner::Shared(mem) => mem.pmem_id(),
+            Owner::Shared(mem) => Some(f(&**mem)),
             Owner::Inline { chunk, shared } => match shared.get() {
-                Some(mem) => mem.pmem_id(),
+                Some(mem) => Some(f(&**mem)),
                 // Still inline, unless shared since the check above (then the `Arc` has it).
-                None => chunk
-                    .lock()
-                    .as_ref()
-                    .map(PooledMemory::pmem_id)
-                    .or_else(|| shared.get().and_then(|mem| mem.pmem_id())),
+                None => {
+                    let inline = chunk.lock();
+                    match inline.as_ref() {
+                        Some(chunk) => Some(f(chunk)),
+                        None => shared.get().map(|mem| f(&**mem)),
+                    }
+                }
             },
         }
     }
 
-    /// [`BaseMemory::reuse_stream`], without sharing an inline chunk. Asked by asynchronous
-    /// operations only: the cache hit, which makes the pointer, pays nothing for it.
-    fn reuse_stream(&self) -> Option<ArenaKey> {
-        match &self.owner {
-            Owner::Shared(mem) => mem.reuse_stream(),
-            Owner::Inline { chunk, shared } => match shared.get() {
-                Some(mem) => mem.reuse_stream(),
-                // Still inline, unless shared since the check above (then the `Arc` has it).
-                None => chunk.lock().as_ref().map_or_else(
-                    || shared.get().and_then(|mem| mem.reuse_stream()),
-                    PooledMemory::reuse_stream,
-                ),
-            },
-        }
+    /// The pool chunk's identifier, without sharing an inline chunk.
+    fn pmem_id(&self) -> Option<u64> {
+        self.with_memory(BaseMemory::pmem_id).flatten()
     }
 
     /// The memory as a shared object, moving an inline chunk into its `Arc` the first time.
@@ -416,11 +409,23 @@ impl<B: StreamRuntime> MemoryPointer<B> {
         self.offset.check(self.mem.base, self.mem.size, len, operation)
     }
 
-    /// The stream whose order makes reusing this memory safe (see [`BaseMemory::reuse_stream`]),
-    /// with the memory's device: work queued there keeps nothing alive.
+    /// What orders reusing this memory (see [`BaseMemory::reuse_stream`] and
+    /// [`BaseMemory::other_streams`]). Asked by asynchronous operations and synchronous accesses
+    /// only: the cache hit, which makes the pointer, pays nothing for it.
     #[inline]
-    pub(crate) fn reuse_stream(&self) -> Option<(DeviceId, ArenaKey)> {
-        self.mem.reuse_stream().map(|key| (self.mem.device, key))
+    pub(crate) fn order(&self) -> Order {
+        let device = self.mem.device;
+        self.mem
+            .with_memory(|m| Order {
+                reuse: m.reuse_stream().map(|key| (device, key)),
+                others: m.other_streams(),
+            })
+            .unwrap_or(Order::NONE)
+    }
+
+    /// [`BaseMemory::note_other_stream`], without sharing an inline chunk.
+    pub(crate) fn note_other_stream(&self, stream: ArenaKey) -> bool {
+        self.mem.with_memory(|m| m.note_other_stream(stream)).unwrap_or(false)
     }
 
     /// The start address and size of the whole memory.

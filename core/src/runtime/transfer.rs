@@ -15,7 +15,7 @@ use crate::runtime::staging::{self, Direction};
 use crate::runtime::statics::Runtime;
 use std::sync::Arc;
 
-use crate::runtime::stream::inflight::{self, Keep, Range, Reuse, Target};
+use crate::runtime::stream::inflight::{self, Keep, Order, Range, Target};
 use crate::runtime::stream::{self, Stream};
 
 const SYNC_WHILE_CAPTURING: &str = "the current stream is capturing, so synchronous API calls are disallowed";
@@ -96,22 +96,27 @@ fn keep_pinned<B: Runtime>(p: &PinnedMemoryPointer<B>) -> Keep<B> {
     Keep::Other(Arc::new(p.buffer()))
 }
 
-/// Queues `op` on `stream` (or the current stream): ordered after queued work of other streams on
-/// the same bytes, and keeping what `keeps` gives alive until the stream has passed it, unless all
-/// of it is memory whose reuse that stream orders (`reuse`, one for each range; see
-/// [`inflight::Queueing::finish`]).
+/// Queues `op` on `stream` (or the current stream), touching `ranges` (of the device memory of
+/// `memory`, one for each range; `None` for a pinned host buffer): ordered after queued work of
+/// other streams on the same bytes, and keeping what `keeps` gives alive until the stream has
+/// passed it, unless all of it is pool memory whose reuse is ordered after it instead (its own
+/// stream's order, or a fence at its free on the streams it noted; see
+/// [`inflight::Queueing::finish`]). Either way the bytes stay the operation's until the stream
+/// has passed it.
 fn queue<B: Runtime, const N: usize>(
     stream: Option<&Stream<B>>,
     ranges: [Range; N],
-    reuse: [Option<Reuse>; N],
+    memory: [Option<&MemoryPointer<B>>; N],
     keeps: impl FnOnce() -> [Keep<B>; N],
     op: impl FnOnce(&Target<B>) -> Result<()>,
 ) -> Result<()> {
     let target = stream::target::<B>(stream);
+    let orders = || memory.map(|m| m.map_or(Order::NONE, MemoryPointer::order));
     // SAFETY: the handle `target` gave is live for this call.
-    let queueing = unsafe { inflight::begin(target, &ranges, &reuse) }?;
+    let (queueing, orders) = unsafe { inflight::begin(target, &ranges, orders) }?;
     op(&target)?;
-    queueing.finish(&ranges, &reuse, keeps)
+    let note = |stream| memory.iter().flatten().all(|m| m.note_other_stream(stream));
+    queueing.finish(&ranges, &orders, note, keeps)
 }
 
 /// Refuses an asynchronous operation on `p`'s memory queued on a stream of another device, as
@@ -170,9 +175,9 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         enable_peer_access::<B>(src.device_id(), self.device_id())?;
-        inflight::access::<B, _>(
+        inflight::access::<B, _, _>(
             &[span(dst_ptr, size), span(src_ptr, size)],
-            &[self.reuse_stream(), src.reuse_stream()],
+            || [self.order(), src.order()],
             || {
                 // SAFETY: both ranges were checked against live memory objects of `B` that `self`
                 // and `src` keep alive for the duration of this synchronous call; they do not
@@ -185,8 +190,9 @@ impl<B: Runtime> MemoryPointer<B> {
     /// Copies `size` bytes from device memory `src` to this pointer, ordered on `stream` (or the
     /// current stream).
     ///
-    /// The copy keeps both memory objects alive until the stream has passed it, and is ordered
-    /// after queued work of other streams on the same bytes.
+    /// The copy keeps both memory objects alive until the stream has passed it (a pool's chunk
+    /// instead lends its bytes again only after the copy), and is ordered after queued work of
+    /// other streams on the same bytes.
     ///
     /// # Errors
     ///
@@ -206,29 +212,29 @@ impl<B: Runtime> MemoryPointer<B> {
         queue(
             stream,
             ranges,
-            [self.reuse_stream(), src.reuse_stream()],
+            [Some(self), Some(src)],
             || [keep_of(self), keep_of(src)],
             |t| {
                 // SAFETY: both ranges were checked against live memory of `B`, which the queue keeps
-                // alive until the stream has passed the copy.
+                // for the copy until the stream has passed it (see `queue`).
                 unsafe { B::memcpy_async(t.device, dst_ptr, src_ptr, size, t.handle) }
             },
         )
     }
 
-    /// Queues `op`, touching `range` of this pointer's memory alone, keeping the memory alive
-    /// until the stream has passed it.
+    /// Queues `op`, touching `range` of this pointer's memory alone, keeping the memory for it
+    /// until the stream has passed it (see `queue`).
     fn queue_alone(
         &self,
         stream: Option<&Stream<B>>,
         range: Range,
         op: impl FnOnce(&Target<B>) -> Result<()>,
     ) -> Result<()> {
-        queue(stream, [range], [self.reuse_stream()], || [keep_of(self)], op)
+        queue(stream, [range], [Some(self)], || [keep_of(self)], op)
     }
 
     /// Queues `op`, a transfer between this pointer's memory and `pinned` touching `ranges`
-    /// (the device's, then the host's), keeping both alive until the stream has passed it.
+    /// (the device's, then the host's), keeping both for it until the stream has passed it.
     fn queue_with_pinned(
         &self,
         pinned: &PinnedMemoryPointer<B>,
@@ -236,7 +242,7 @@ impl<B: Runtime> MemoryPointer<B> {
         ranges: [Range; 2],
         op: impl FnOnce(&Target<B>) -> Result<()>,
     ) -> Result<()> {
-        queue(stream, ranges, [self.reuse_stream(), None], || [keep_of(self), keep_pinned(pinned)], op)
+        queue(stream, ranges, [Some(self), None], || [keep_of(self), keep_pinned(pinned)], op)
     }
 
     fn device_ranges(
@@ -295,16 +301,20 @@ impl<B: Runtime> MemoryPointer<B> {
         }
         let plan = if pageable { staging::plan::<B>(size)? } else { None };
         let ranges = [span(dst, size), if pageable { span(0, 0) } else { span(src as usize, size) }];
-        inflight::access::<B, _>(&ranges, &[self.reuse_stream()], || match plan {
-            // SAFETY: the device range was checked against `self`'s memory and no other
-            // operation through gpumem touches it until this returns; the host range is only
-            // read (the caller's promise).
-            Some(plan) => unsafe {
-                staging::copy(self, plan, Direction::ToDevice, dst, src.cast_mut(), size)
+        inflight::access::<B, _, _>(
+            &ranges,
+            || [self.order()],
+            || match plan {
+                // SAFETY: the device range was checked against `self`'s memory and no other
+                // operation through gpumem touches it until this returns; the host range is only
+                // read (the caller's promise).
+                Some(plan) => unsafe {
+                    staging::copy(self, plan, Direction::ToDevice, dst, src.cast_mut(), size)
+                },
+                // SAFETY: as above.
+                None => unsafe { B::memcpy(self.device_id(), dst, src as DevicePtr, size) },
             },
-            // SAFETY: as above.
-            None => unsafe { B::memcpy(self.device_id(), dst, src as DevicePtr, size) },
-        })
+        )
     }
 
     /// Copies `size` bytes from pinned host memory to this pointer, ordered on `stream` (or the
@@ -329,8 +339,8 @@ impl<B: Runtime> MemoryPointer<B> {
         }
         let ranges = [span(dst, size), span(host, size)];
         self.queue_with_pinned(src, stream, ranges, |t| {
-            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
-            // until the stream has passed the copy.
+            // SAFETY: both ranges were checked against live memory, which the queue keeps for
+            // the copy until the stream has passed it (see `queue`).
             unsafe { B::memcpy_async(t.device, dst, host as DevicePtr, size, t.handle) }
         })
     }
@@ -357,8 +367,8 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         self.queue_alone(stream, span(dst, size), |t| {
-            // SAFETY: the device range was checked and is kept alive by the queue; the host range
-            // is the caller's promise.
+            // SAFETY: the device range was checked and is kept for the copy by the queue (see
+            // `queue`); the host range is the caller's promise.
             unsafe { B::memcpy_async(t.device, dst, src as DevicePtr, size, t.handle) }
         })
     }
@@ -394,14 +404,18 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         let plan = staging::plan::<B>(size)?;
-        inflight::access::<B, _>(&[span(src, size)], &[self.reuse_stream()], || match plan {
-            // SAFETY: the device range was checked against `self`'s memory and no other
-            // operation through gpumem touches it until this returns; the host range is the
-            // caller's promise.
-            Some(plan) => unsafe { staging::copy(self, plan, Direction::ToHost, src, dst, size) },
-            // SAFETY: as above.
-            None => unsafe { B::memcpy(self.device_id(), dst as DevicePtr, src, size) },
-        })
+        inflight::access::<B, _, _>(
+            &[span(src, size)],
+            || [self.order()],
+            || match plan {
+                // SAFETY: the device range was checked against `self`'s memory and no other
+                // operation through gpumem touches it until this returns; the host range is the
+                // caller's promise.
+                Some(plan) => unsafe { staging::copy(self, plan, Direction::ToHost, src, dst, size) },
+                // SAFETY: as above.
+                None => unsafe { B::memcpy(self.device_id(), dst as DevicePtr, src, size) },
+            },
+        )
     }
 
     /// Copies `size` bytes from this pointer into pinned host memory, ordered on `stream` (or
@@ -425,8 +439,8 @@ impl<B: Runtime> MemoryPointer<B> {
         }
         let ranges = [span(src, size), span(host, size)];
         self.queue_with_pinned(dst, stream, ranges, |t| {
-            // SAFETY: both ranges were checked against live memory, which the queue keeps alive
-            // until the stream has passed the copy.
+            // SAFETY: both ranges were checked against live memory, which the queue keeps for
+            // the copy until the stream has passed it (see `queue`).
             unsafe { B::memcpy_async(t.device, host as DevicePtr, src, size, t.handle) }
         })
     }
@@ -453,8 +467,8 @@ impl<B: Runtime> MemoryPointer<B> {
             return Ok(());
         }
         self.queue_alone(stream, span(src, size), |t| {
-            // SAFETY: the device range was checked and is kept alive by the queue; the host range
-            // is the caller's promise.
+            // SAFETY: the device range was checked and is kept for the copy by the queue (see
+            // `queue`); the host range is the caller's promise.
             unsafe { B::memcpy_async(t.device, dst as DevicePtr, src, size, t.handle) }
         })
     }
@@ -514,15 +528,20 @@ impl<B: Runtime> MemoryPointer<B> {
         if size == 0 {
             return Ok(());
         }
-        inflight::access::<B, _>(&[span(dst, size)], &[self.reuse_stream()], || {
-            // SAFETY: the range was checked against live memory of `B`, and no other operation
-            // through gpumem touches it until this returns.
-            unsafe { B::memset(self.device_id(), dst, value, size) }
-        })
+        inflight::access::<B, _, _>(
+            &[span(dst, size)],
+            || [self.order()],
+            || {
+                // SAFETY: the range was checked against live memory of `B`, and no other operation
+                // through gpumem touches it until this returns.
+                unsafe { B::memset(self.device_id(), dst, value, size) }
+            },
+        )
     }
 
     /// Sets `size` bytes from this pointer to `value`, ordered on `stream` (or the current
-    /// stream). Capturable. The memset keeps the memory alive until the stream has passed it.
+    /// stream). Capturable. The memset keeps the memory for itself until the stream has passed it
+    /// (a pool's chunk is lent again only after it).
     ///
     /// # Errors
     ///
@@ -534,8 +553,8 @@ impl<B: Runtime> MemoryPointer<B> {
         }
         check_stream_device(self, stream)?;
         self.queue_alone(stream, span(dst, size), |t| {
-            // SAFETY: the range was checked and the queue keeps the memory alive until the
-            // stream has passed the memset.
+            // SAFETY: the range was checked and the queue keeps the memory for the memset until
+            // the stream has passed it (see `queue`).
             unsafe { B::memset_async(t.device, dst, value, size, t.handle) }
         })
     }

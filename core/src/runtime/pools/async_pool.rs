@@ -95,7 +95,7 @@ impl<B: StreamRuntime> MemoryAsync<B> {
         }
         let target = stream::target::<B>(Some(&stream));
         // SAFETY: `stream` is held by this function, so its handle is live for the call.
-        let queueing = unsafe { inflight::begin(target, &[], &[]) }?;
+        let (queueing, _) = unsafe { inflight::begin(target, &[], || []) }?;
         // SAFETY: as above.
         let ptr = unsafe { B::malloc_async(device_id, size, stream.handle()) }?;
         let mem = MemoryAsync { ptr, size, device_id, stream };
@@ -185,8 +185,8 @@ impl<B: StreamRuntime> PendingFree<B> {
         let target = stream::target::<B>(Some(&self.stream));
         let range = (self.ptr, self.ptr.saturating_add(self.size));
         // SAFETY: `self.stream` holds the stream, so its handle is live for this function.
-        let ordered = unsafe { inflight::begin(target, &[range], &[]) };
-        let result = ordered.and_then(|queueing| {
+        let ordered = unsafe { inflight::begin(target, &[range], || []) };
+        let result = ordered.and_then(|(queueing, _)| {
             // SAFETY: `ptr` came from `malloc_async(device, _)` and is freed once (this value is
             // consumed); every use gpumem queued is done (it held the memory) or the stream was
             // just made to wait for it; the handle is live.

@@ -1,5 +1,7 @@
 //! [`EventStreamOrder`]: the runtime's [`StreamOrder`], which lets a pool lend one stream's free
-//! memory to another stream (see [`crate::pool::Pool::set_share_across_streams`]).
+//! memory to another stream (see [`crate::pool::Pool::set_share_across_streams`]), and orders a
+//! chunk's reuse after the work other streams queued on it with no event (see
+//! [`PooledMemory::note_other_stream`](crate::pool::PooledMemory::note_other_stream)).
 //!
 //! The streams it orders are those it can name from an arena key alone: the streams gpumem owns
 //! (created by [`Stream::new`] and its siblings, or taken over with [`Stream::from_raw`]) while they
@@ -14,7 +16,7 @@ use std::sync::Arc;
 use parking_lot::Mutex;
 
 use crate::hal::{DeviceId, EventFlags};
-use crate::pool::{ArenaKey, Fence, StreamOrder};
+use crate::pool::{ArenaKey, Fence, OtherStreams, StreamOrder};
 use crate::runtime::state::record_drop_error;
 use crate::runtime::stream::StreamRuntime;
 use crate::runtime::stream::{self, Event, Stream, LEGACY_STREAM_PTR, NULL_STREAM_PTR};
@@ -148,6 +150,72 @@ impl<B: StreamRuntime> StreamOrder for EventStreamOrder<B> {
         };
         fence.record(&mut fence.state.lock());
         Box::new(fence)
+    }
+
+    fn order_after_uses(&self, owner: ArenaKey, others: OtherStreams) -> Option<Box<dyn Fence>> {
+        // A fence, not a wait of the owner's stream on the device: that would hold the owner's
+        // later work, which need not touch this chunk, behind the other streams' work. The events
+        // are recorded now (later, for a chunk that comes back inside a host function); the
+        // chunk is lent again once they have completed, looked at when an arena misses.
+        let fence = UsesFence::<B> { device: self.device, owner, others, events: Mutex::new(Uses::Pending) };
+        let _ = fence.events();
+        Some(Box::new(fence))
+    }
+}
+
+/// What a [`UsesFence`] waits for.
+enum Uses<B: StreamRuntime> {
+    /// Not asked yet: the chunk came back inside a host function, where no event is recorded.
+    Pending,
+    /// The events recorded behind the other streams' work.
+    Events(Vec<Event<B>>),
+    /// No event could be recorded: never complete (the chunk stays out of use, which is safe).
+    Failed,
+}
+
+/// A chunk's fence on the work other streams queued on it with no event.
+struct UsesFence<B: StreamRuntime> {
+    device: DeviceId,
+    owner: ArenaKey,
+    others: OtherStreams,
+    events: Mutex<Uses<B>>,
+}
+
+impl<B: StreamRuntime> UsesFence<B> {
+    /// The events to wait for, recorded the first time this is asked outside a host function.
+    fn events(&self) -> Option<Vec<Event<B>>> {
+        if crate::runtime::state::in_callback() {
+            return None;
+        }
+        let mut events = self.events.lock();
+        if matches!(*events, Uses::Pending) {
+            *events = match stream::inflight::others_done::<B>(self.device, self.owner, self.others) {
+                Ok(recorded) => Uses::Events(recorded),
+                Err(e) => {
+                    record_drop_error::<B>(e);
+                    Uses::Failed
+                }
+            };
+        }
+        match &*events {
+            Uses::Events(recorded) => Some(recorded.clone()),
+            Uses::Pending | Uses::Failed => None,
+        }
+    }
+}
+
+impl<B: StreamRuntime> Fence for UsesFence<B> {
+    fn is_complete(&self) -> bool {
+        // An error here is the device's sticky one: no more work runs.
+        self.events().is_some_and(|events| events.iter().all(|e| e.query().unwrap_or(true)))
+    }
+
+    fn wait(&self) {
+        for event in self.events().unwrap_or_default() {
+            if let Err(e) = event.synchronize() {
+                record_drop_error::<B>(e);
+            }
+        }
     }
 }
 

@@ -872,6 +872,91 @@ fn queued_work_keeps_an_inline_chunk_alive() {
     assert_eq!(pool.used_bytes(), 0, "released once the stream has passed the memset");
 }
 
+/// A stream held at a host function until the returned gate is opened (`open`).
+fn held_stream() -> (Stream<Host>, Arc<std::sync::Barrier>) {
+    let s = Stream::<Host>::non_blocking().unwrap();
+    let gate = Arc::new(std::sync::Barrier::new(2));
+    let g = Arc::clone(&gate);
+    s.launch_host_func(move || {
+        g.wait();
+    })
+    .unwrap();
+    (s, gate)
+}
+
+#[test]
+fn a_chunk_another_stream_used_is_lent_again_only_once_that_work_has_run() {
+    // The memset on `s` keeps nothing alive: the chunk (of the current stream's arena) notes `s`,
+    // and its free goes behind a fence on `s`'s work.
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let (s, gate) = held_stream();
+    let p = pool.malloc(4096).unwrap();
+    let at = p.ptr();
+    p.memset_async(3, 4096, Some(&s)).unwrap();
+    drop(p);
+    let q = pool.malloc(4096).unwrap();
+    let used = pool.used_bytes();
+    // Opened before the checks, so that a failed one does not leave the stream held.
+    gate.wait();
+    assert_ne!(q.ptr(), at, "not lent while the memset is queued");
+    assert_eq!(used, 8192, "the fenced chunk counts as used");
+    s.synchronize().unwrap();
+    assert_eq!(pool.used_bytes(), 4096, "back once the stream has passed the memset");
+    let r = pool.malloc(4096).unwrap();
+    assert_eq!(r.ptr(), at, "and lent again");
+    drop((q, r));
+}
+
+#[test]
+fn work_on_memory_another_stream_used_waits_for_that_work() {
+    // `s` writes 1 behind its host function; `t` writes 2 after it, with no event between them
+    // but the one gpumem records: `t` must wait for `s`, or the late 1 would win.
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let (s, gate) = held_stream();
+    let t = Stream::<Host>::non_blocking().unwrap();
+    let p = pool.malloc(4096).unwrap();
+    p.memset_async(1, 4096, Some(&s)).unwrap();
+    p.memset_async(2, 4096, Some(&t)).unwrap();
+    gate.wait();
+    s.synchronize().unwrap();
+    t.synchronize().unwrap();
+    let mut back = [0u8; 4096];
+    p.copy_to_host(&mut back, 4096).unwrap();
+    assert!(back.iter().all(|&b| b == 2), "the second memset ran last");
+    // The chunk's own stream waits too (an owned stream: on the host backend a wait of the
+    // legacy stream blocks the calling thread, which would wait for the gate itself).
+    let own = Stream::<Host>::non_blocking().unwrap();
+    let q = {
+        let _current = own.enter().unwrap();
+        pool.malloc(4096).unwrap()
+    };
+    let (s, gate) = held_stream();
+    q.memset_async(4, 4096, Some(&s)).unwrap();
+    q.memset_async(5, 4096, Some(&own)).unwrap();
+    gate.wait();
+    s.synchronize().unwrap();
+    own.synchronize().unwrap();
+    q.copy_to_host(&mut back, 4096).unwrap();
+    assert!(back.iter().all(|&b| b == 5), "the own stream's memset ran last");
+}
+
+#[test]
+fn a_synchronous_read_waits_for_another_streams_work_on_the_memory() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let (s, gate) = held_stream();
+    let p = pool.malloc(4096).unwrap();
+    p.memset_async(7, 4096, Some(&s)).unwrap();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        gate.wait();
+    });
+    let mut back = [0u8; 4096];
+    let read = p.copy_to_host(&mut back, 4096);
+    opener.join().unwrap();
+    read.unwrap();
+    assert!(back.iter().all(|&b| b == 7), "read after the memset");
+}
+
 #[test]
 fn pointers_shared_from_many_threads_at_once_share_one_object() {
     let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();

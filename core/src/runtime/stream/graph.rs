@@ -50,9 +50,6 @@ pub struct Graph<B: StreamRuntime> {
 /// What a graph's work reaches, shared with its queued launches.
 pub(crate) struct GraphParts<B: StreamRuntime> {
     record: CaptureRecord<B>,
-    /// The streams whose order covers the captured memory's reuse, once each: a launch on
-    /// another stream waits for the work they queued on it with no event.
-    reuse: Vec<Option<inflight::Reuse>>,
 }
 
 impl<B: StreamRuntime> fmt::Debug for Graph<B> {
@@ -67,8 +64,7 @@ impl<B: StreamRuntime> fmt::Debug for Graph<B> {
 
 impl<B: StreamRuntime> Graph<B> {
     pub(crate) fn new(raw: B::Graph, device: DeviceId, record: CaptureRecord<B>) -> Self {
-        let reuse = record.reuse_streams();
-        Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record, reuse }) }
+        Graph { raw: Some(raw), device, parts: Arc::new(GraphParts { record }) }
     }
 
     fn raw(&self) -> &B::Graph {
@@ -90,8 +86,10 @@ impl<B: StreamRuntime> Graph<B> {
     pub fn launch(&self, stream: Option<&Stream<B>>) -> Result<()> {
         let target = stream::target::<B>(stream);
         let ranges = &self.parts.record.ranges;
+        // The launch waits for the work queued with no event on the graph's memory: on the streams
+        // whose order covers its reuse, and on the other streams noted on it since the capture.
         // SAFETY: the handle `target` gave is live for this call.
-        let queueing = unsafe { inflight::begin(target, ranges, &self.parts.reuse) }?;
+        let (queueing, _) = unsafe { inflight::begin(target, ranges, || self.parts.record.orders()) }?;
         // SAFETY: as above.
         unsafe { B::graph_launch(target.device, self.raw(), target.handle) }?;
         queueing.keep([inflight::Keep::Other(Arc::clone(&self.parts) as Arc<dyn Any + Send + Sync>)], ranges)

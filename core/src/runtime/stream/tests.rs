@@ -161,35 +161,25 @@ fn what_an_eager_async_operation_costs_in_locks_events_and_allocations() {
     for (what, ours, raw) in rows {
         report(what, ours, raw);
         assert_eq!((raw.locks, raw.events), (0.0, 0.0), "the raw call goes around the registry");
-        if what.contains("own stream") {
-            // Work on the memory's own stream: the pool's stream-ordered reuse keeps the memory
-            // safe, so nothing is kept and no event recorded; one lock notes the stream (for
-            // other streams and synchronous accesses that must wait for it), and nothing is
-            // allocated beyond the raw call's own. The registry recorded an event and took 1.02
-            // to 2.94 locks per operation here.
-            assert_eq!(ours.events, 0.0, "{what}: no event");
-            assert!((1.0..1.1).contains(&ours.locks), "{what}: {ours:?}");
-            assert!(ours.allocations - raw.allocations < 0.5, "{what}: {ours:?} against {raw:?}");
-            continue;
-        }
-        // Another stream: an event recorded on every operation, one process-wide lock (and one
-        // more on each release of finished entries, when 256 wait), and no heap allocation
-        // of its own beyond the host backend's queued event record (one per operation) and the
-        // release's. The bounds leave room for releases: how often one runs (a lock, and the
-        // allocations of what it collects) depends on how far the stream's worker lags, which a
-        // loaded machine changes (1.02 to 1.04 locks and 1.04 to 1.61 allocations over the raw
-        // call measured). They still fail on the registry as it was: 2.12 to 2.94 locks, 4.0 to
-        // 5.4 allocations over the raw call.
-        assert_eq!(ours.events, 1.0, "{what}: one event per operation");
-        assert!((1.0..2.0).contains(&ours.locks), "{what}: {ours:?}");
-        assert!(ours.allocations - raw.allocations < 3.0, "{what}: {ours:?} against {raw:?}");
+        // Pool memory, on its own stream or on another: nothing is kept and no event recorded.
+        // On its own stream the pool's stream-ordered reuse keeps the memory safe; on another
+        // the memory notes that stream, and its free goes behind a fence on that stream's work.
+        // One lock notes the stream (for other streams and synchronous accesses that must wait
+        // for it), and nothing is allocated beyond the raw call's own. The registry recorded an
+        // event and took 1.02 to 2.94 locks per operation here on both; before the note, another
+        // stream still recorded an event each time, with 1.02 to 1.04 locks and 1.04 to 1.61
+        // allocations over the raw call.
+        assert_eq!(ours.events, 0.0, "{what}: no event");
+        assert!((1.0..1.1).contains(&ours.locks), "{what}: {ours:?}");
+        assert!(ours.allocations - raw.allocations < 0.5, "{what}: {ours:?} against {raw:?}");
     }
 }
 
 /// Memory of a stream with work queued on it with no event (its own stream's), used from
 /// another stream: the first operation records one event on the memory's stream and waits for
 /// it; the later ones are ordered after that wait already and wait no more, until the memory's
-/// stream queues such work again.
+/// stream queues such work again. The other stream's own operations record no event; the
+/// owner's next operation waits for them in turn.
 #[test]
 fn another_stream_waits_once_for_work_queued_with_no_event() {
     let s = Stream::<Host>::non_blocking().unwrap();
@@ -206,14 +196,14 @@ fn another_stream_waits_once_for_work_queued_with_no_event() {
         }
     });
     assert_eq!(probe::waits() - waits, 1, "one wait for the owner's work");
-    // One event for each operation (what it keeps), and at most one recorded on the owner's
-    // stream: none when another test's thread, releasing a block of the same device
-    // (`wait_unrecorded`), recorded it first (the registry is the process's).
-    let per_op = OPS as f64;
-    assert!((per_op..=per_op + 1.0).contains(&(ours.events * per_op)), "{ours:?}");
+    // At most one event, recorded on the owner's stream: none when another test's thread,
+    // releasing a block of the same device (`wait_unrecorded`), recorded it first (the registry
+    // is the process's).
+    assert!(ours.events * OPS as f64 <= 1.0, "{ours:?}");
     p.memset_async(2, SIZE, Some(&owner)).unwrap();
+    assert_eq!(probe::waits() - waits, 2, "the owner waits for the other stream's work");
     p.memset_async(3, SIZE, Some(&s)).unwrap();
-    assert_eq!(probe::waits() - waits, 2, "new work on the owner's stream is waited for again");
+    assert_eq!(probe::waits() - waits, 3, "new work on the owner's stream is waited for again");
     s.synchronize().unwrap();
     owner.synchronize().unwrap();
     let mut back = [0u8; 1];
@@ -225,11 +215,11 @@ fn another_stream_waits_once_for_work_queued_with_no_event() {
 /// release finds nothing finished, so the next one waits until twice as many wait, and queueing
 /// stays at about one lock per operation (it was two once the first release was due: every
 /// operation released). Eight times 256 operations, so that several releases come due. The
-/// memory is the null stream's, so that the work on `s` is kept and recorded.
+/// memory is a raw allocation, not a pool's chunk, so that the work on `s` is kept and recorded.
 #[test]
 fn work_running_far_behind_is_released_every_so_often_not_on_every_operation() {
     let s = Stream::<Host>::non_blocking().unwrap();
-    let p = alloc::<Host>(OPS * SIZE).unwrap();
+    let p = MemoryPointer::<Host>::from_memory(crate::Memory::<Host>::new(OPS * SIZE).unwrap());
     let gate = std::sync::Arc::new((std::sync::Mutex::new(false), std::sync::Condvar::new()));
     let held = std::sync::Arc::clone(&gate);
     s.launch_host_func(move || {

@@ -38,6 +38,16 @@
 //! The noting is done under the same lock as everything else here, so the ordering still holds
 //! across threads.
 //!
+//! Work on a pool chunk of another stream of the same device, queued on a lasting stream that
+//! does not capture, goes the same way: it keeps nothing and records no event, and the chunk
+//! notes the stream ([`BaseMemory::note_other_stream`]) under the same lock. Whatever else touches
+//! the chunk waits for the noted streams as for its own ([`Order`]: a synchronous access, another
+//! stream's operation, the chunk's own stream, a graph launch, which asks for the orders of its
+//! memory at each launch); the chunk's free puts it behind a fence on the noted streams' work
+//! (see [`PooledMemory::note_other_stream`](crate::pool::PooledMemory::note_other_stream)), so it
+//! is lent again only once that work has run; and its raw block goes back only after
+//! [`wait_unrecorded`], which covers the noted streams of its device.
+//!
 //! A stream that joined a gpumem capture through an event (a fork) captures into the same graph:
 //! what its work touches goes to that graph too, found by the capture's id
 //! ([`GraphOps::capture_id`](crate::hal::GraphOps::capture_id)). A capture gpumem did not begin
@@ -63,7 +73,7 @@ use crate::runtime::stream::StreamRuntime;
 mod unrecorded;
 
 use unrecorded::Unrecorded;
-pub(crate) use unrecorded::{forget_stream, wait_unrecorded, Reuse};
+pub(crate) use unrecorded::{forget_stream, others_done, wait_unrecorded, Order, Reuse};
 
 /// What the ownership model costs the calling thread, counted for the tests that measure it
 /// (`stream::tests`): the acquisitions of its process-wide locks and the events it records.
@@ -287,17 +297,20 @@ pub(crate) struct CapturedMemory<B: StreamRuntime> {
 }
 
 impl<B: StreamRuntime> CaptureRecord<B> {
-    /// The streams whose order makes reusing the captured memory safe, once each: a launch waits
-    /// for the work they queued on it with no event.
-    pub(crate) fn reuse_streams(&self) -> Vec<Option<Reuse>> {
-        let mut streams: Vec<Option<Reuse>> = Vec::new();
+    /// What orders reusing the captured memory, once each, as it stands now: a launch waits for
+    /// the work queued on it with no event, on the streams whose order covers its reuse and on
+    /// the other streams noted since (see [`Order`]).
+    pub(crate) fn orders(&self) -> Vec<Order> {
+        let mut orders: Vec<Order> = Vec::new();
         for m in self.memory.values() {
-            let stream = m.mem.reuse_stream().map(|key| (m.mem.device_id(), key));
-            if stream.is_some() && !streams.contains(&stream) {
-                streams.push(stream);
+            let device = m.mem.device_id();
+            let reuse = m.mem.reuse_stream().map(|key| (device, key));
+            let order = Order { reuse, others: m.mem.other_streams() };
+            if reuse.is_some() && !orders.contains(&order) {
+                orders.push(order);
             }
         }
-        streams
+        orders
     }
 
     /// What the record holds for the graph, in all.
@@ -448,20 +461,21 @@ pub(crate) struct Queueing<'a, B: StreamRuntime> {
     record: Option<ArenaKey>,
 }
 
-/// Prepares an asynchronous operation on `target` touching `ranges` of memory whose reuse the
-/// streams `reuse` order (one for each piece of memory; `None` for memory no stream's order
-/// covers): takes the capture lock, and orders the stream after queued operations of other
-/// streams on overlapping bytes, and after the work other streams queued with no event on that
-/// memory.
+/// Prepares an asynchronous operation on `target` touching `ranges` of memory whose reuse
+/// `orders` gives (one [`Order`] for each piece of memory): takes the capture lock, and orders the
+/// stream after queued operations of other streams on overlapping bytes, and after the work
+/// other streams queued with no event on that memory. Returns the orders too, asked under the
+/// entries' lock (another thread's operation on the same memory notes its stream under it), for
+/// [`Queueing::finish`].
 ///
 /// # Safety
 ///
 /// `target.handle` is live for as long as the returned value.
-pub(crate) unsafe fn begin<B: StreamRuntime>(
+pub(crate) unsafe fn begin<B: StreamRuntime, O: AsRef<[Order]>>(
     target: Target<B>,
     ranges: &[Range],
-    reuse: &[Option<Reuse>],
-) -> Result<Queueing<'static, B>> {
+    orders: impl FnOnce() -> O,
+) -> Result<(Queueing<'static, B>, O)> {
     let inflight = &B::stream_globals().inflight;
     if inflight.n_entries.load(Ordering::Relaxed) >= inflight.collect_at.load(Ordering::Relaxed) {
         collect::<B>();
@@ -476,46 +490,64 @@ pub(crate) unsafe fn begin<B: StreamRuntime>(
         None => (None, false),
     };
     let mut entries = None;
-    if !capturing && !ranges.is_empty() {
+    let orders = if !capturing && !ranges.is_empty() {
         let mut locked = lock_when_free::<B>(ranges, "queueing work on bytes a synchronous access is using")?;
         for event in locked.overlapping(ranges, |stream| *stream != target.identity) {
             // SAFETY: the caller keeps the handle live.
             unsafe { B::stream_wait_event(target.device, target.handle, event.raw()) }?;
         }
-        for &stream in reuse.iter().flatten().filter(|&&r| r != target.as_reuse()) {
+        let orders = orders();
+        for order in orders.as_ref() {
             // SAFETY: as above.
-            unsafe { locked.wait_for_unrecorded(stream, &target) }?;
+            unsafe { locked.wait_for_order(order, &target) }?;
         }
         entries = Some(locked);
-    }
-    Ok(Queueing { target, captures, capturing, entries, record })
+        orders
+    } else {
+        orders()
+    };
+    Ok((Queueing { target, captures, capturing, entries, record }, orders))
 }
 
 impl<B: StreamRuntime> Queueing<'_, B> {
-    /// Ends the operation just queued, which touched `ranges` of memory whose reuse the streams
-    /// `reuse` order: when that is all memory of the operation's own stream (and the stream
-    /// lasts and does not capture), it keeps nothing and records no event. The pool lends that
-    /// memory again only to the stream's later work, and frees it only after the device's work,
-    /// so nothing needs keeping; the stream is only noted, for the operations of other streams
-    /// and the synchronous accesses that must wait for it. Otherwise it keeps what `keeps` gives
-    /// (see [`Queueing::keep`]).
+    /// Ends the operation just queued, which touched `ranges` of memory whose reuse `orders`
+    /// gives (as [`begin`] returned them). When all of it is memory whose reuse a stream of the
+    /// operation's device orders (a pool's chunk), and the operation's stream lasts and does not
+    /// capture, it keeps nothing and records no event:
+    /// - memory of the operation's own stream is lent again only to that stream's later work, and
+    ///   freed only after the device's work;
+    /// - memory of another stream is told of this one (`note`, given the stream's arena key, which
+    ///   notes it on every such piece of memory and returns `false` when one cannot be), and its
+    ///   free then orders its own stream after this one's work (see
+    ///   [`PooledMemory::note_other_stream`](crate::pool::PooledMemory::note_other_stream)).
+    ///
+    /// Either way the stream is only noted, for the operations of other streams and the
+    /// synchronous accesses that must wait for it. Otherwise the operation keeps what `keeps`
+    /// gives (see [`Queueing::keep`]).
     ///
     /// # Errors
     ///
     /// As [`Queueing::keep`].
     pub(crate) fn finish<K: IntoIterator<Item = Keep<B>>>(
-        self,
+        mut self,
         ranges: &[Range],
-        reuse: &[Option<Reuse>],
+        orders: &[Order],
+        note: impl FnOnce(ArenaKey) -> bool,
         keeps: impl FnOnce() -> K,
     ) -> Result<()> {
-        let own = Some(self.target.as_reuse());
-        if self.target.lasting && !self.capturing && !reuse.is_empty() && reuse.iter().all(|r| *r == own) {
-            drop(self.captures);
+        let own = self.target.as_reuse();
+        let of_device = |o: &Order| o.reuse.is_some_and(|r| r.0 == own.0);
+        if self.target.lasting && !self.capturing && !orders.is_empty() && orders.iter().all(of_device) {
+            self.captures = None;
             let inflight = &B::stream_globals().inflight;
-            let mut entries = self.entries.unwrap_or_else(|| counted(inflight.entries.lock()));
-            entries.note_unrecorded(&self.target);
-            return Ok(());
+            let mut entries = self.entries.take().unwrap_or_else(|| counted(inflight.entries.lock()));
+            // Noted under the entries' lock: an operation another thread queues on the same
+            // memory asks for its orders under it, after this one's.
+            if orders.iter().all(|o| o.reuse == Some(own)) || note(own.1) {
+                entries.note_unrecorded(&self.target);
+                return Ok(());
+            }
+            self.entries = Some(entries);
         }
         self.keep(keeps(), ranges)
     }
@@ -651,18 +683,19 @@ pub(crate) fn stream_done<B: StreamRuntime>() {
     collect::<B>();
 }
 
-/// Runs `f`, a synchronous access to the bytes of `ranges` (of memory whose reuse the streams
-/// `reuse` order), after the queued operations (of every stream) that touch them and the work
-/// queued with no event on those streams, and with the ranges busy while it runs: an operation
-/// another thread queues on them, or another synchronous access, waits until `f` has returned.
+/// Runs `f`, a synchronous access to the bytes of `ranges` (of memory whose reuse `orders`
+/// gives, asked under the entries' lock), after the queued operations (of every stream) that
+/// touch them and the work queued with no event on the streams the orders name, and with the
+/// ranges busy while it runs: an operation another thread queues on them, or another
+/// synchronous access, waits until `f` has returned.
 ///
 /// # Errors
 ///
 /// The runtime's error waiting for an event; `NotAllowedInCallback` when this is a host function
 /// and the bytes are in use; `f`'s error.
-pub(crate) fn access<B: StreamRuntime, T>(
+pub(crate) fn access<B: StreamRuntime, T, O: AsRef<[Order]>>(
     ranges: &[Range],
-    reuse: &[Option<Reuse>],
+    orders: impl FnOnce() -> O,
     f: impl FnOnce() -> Result<T>,
 ) -> Result<T> {
     let operation = "waiting for queued work on the same bytes";
@@ -670,13 +703,13 @@ pub(crate) fn access<B: StreamRuntime, T>(
         let mut entries = lock_when_free::<B>(ranges, operation)?;
         let mut waits = entries.overlapping(ranges, |_| true);
         let in_callback = crate::runtime::state::in_callback();
-        for &stream in reuse.iter().flatten() {
+        for order in orders().as_ref() {
             // A host function records no event: work queued with no event there is refused as
             // queued work is.
-            if in_callback && entries.has_unrecorded(stream) {
+            if in_callback && entries.has_unrecorded_of(order) {
                 return Err(crate::Error::NotAllowedInCallback { operation });
             }
-            waits.extend(entries.unrecorded_done(stream)?);
+            entries.order_done(order, &mut waits)?;
         }
         if !waits.is_empty() && in_callback {
             return Err(crate::Error::NotAllowedInCallback { operation });

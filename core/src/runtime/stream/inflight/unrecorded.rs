@@ -6,13 +6,29 @@ use super::probe;
 use super::{counted, Queues, Target};
 use crate::error::Result;
 use crate::hal::DeviceId;
-use crate::pool::ArenaKey;
+use crate::pool::{ArenaKey, OtherStreams};
 use crate::runtime::stream::event::Event;
 use crate::runtime::stream::StreamRuntime;
 
 /// The stream whose order makes reusing some memory safe: the memory's device and the stream's
 /// arena key (see [`BaseMemory::reuse_stream`](crate::runtime::memory::BaseMemory::reuse_stream)).
 pub(crate) type Reuse = (DeviceId, ArenaKey);
+
+/// What orders reusing one piece of memory an operation touches: the stream whose order covers
+/// it (`None`: no stream's, and queued work keeps the memory alive), and the other streams of its
+/// device whose work with no event used it
+/// ([`BaseMemory::other_streams`](crate::runtime::memory::BaseMemory::other_streams)). Whatever
+/// else touches the memory waits for the work queued with no event on all of them.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Order {
+    pub(crate) reuse: Option<Reuse>,
+    pub(crate) others: OtherStreams,
+}
+
+impl Order {
+    /// Memory no stream's order covers.
+    pub(crate) const NONE: Order = Order { reuse: None, others: OtherStreams::None };
+}
 
 /// Work queued with no event on a stream, on memory whose reuse that stream orders: what an
 /// operation of another stream, or a synchronous access, on such memory must wait for. It waits
@@ -31,12 +47,6 @@ pub(super) struct Unrecorded<B: StreamRuntime> {
 }
 
 impl<B: StreamRuntime> Queues<B> {
-    /// Whether `stream` has queued work with no event that is still tracked here (recorded since
-    /// or not).
-    pub(super) fn has_unrecorded(&self, stream: Reuse) -> bool {
-        self.unrecorded.iter().any(|u| u.stream == stream)
-    }
-
     /// Notes work queued with no event on `target`, on memory whose reuse it orders.
     pub(super) fn note_unrecorded(&mut self, target: &Target<B>) {
         let stream = target.as_reuse();
@@ -70,6 +80,71 @@ impl<B: StreamRuntime> Queues<B> {
             u.waited.clear();
         }
         Ok(self.unrecorded[at].last.clone())
+    }
+
+    /// Applies `f` to each stream `order`'s other streams name, with this state: the one it
+    /// names, or for [`OtherStreams::Many`] every stream of the memory's device with work noted
+    /// here.
+    fn for_each_other(
+        &mut self,
+        order: &Order,
+        mut f: impl FnMut(&mut Self, Reuse) -> Result<()>,
+    ) -> Result<()> {
+        let Some((device, _)) = order.reuse else { return Ok(()) };
+        match order.others {
+            OtherStreams::None => Ok(()),
+            OtherStreams::One(key) => f(self, (device, key)),
+            OtherStreams::Many => {
+                let streams: Vec<Reuse> =
+                    self.unrecorded.iter().map(|u| u.stream).filter(|s| s.0 == device).collect();
+                streams.into_iter().try_for_each(|stream| f(self, stream))
+            }
+        }
+    }
+
+    /// Whether a stream `order` names has queued work with no event tracked here.
+    pub(super) fn has_unrecorded_of(&self, order: &Order) -> bool {
+        let Some((device, _)) = order.reuse else { return false };
+        let named = |stream: Reuse| match order.others {
+            _ if Some(stream) == order.reuse => true,
+            OtherStreams::None => false,
+            OtherStreams::One(key) => stream == (device, key),
+            OtherStreams::Many => stream.0 == device,
+        };
+        self.unrecorded.iter().any(|u| named(u.stream))
+    }
+
+    /// Adds to `out` the events that complete once the work queued with no event on the streams
+    /// `order` names has run (recorded now where work came since the last one).
+    pub(super) fn order_done(&mut self, order: &Order, out: &mut Vec<Event<B>>) -> Result<()> {
+        let Some(reuse) = order.reuse else { return Ok(()) };
+        out.extend(self.unrecorded_done(reuse)?);
+        self.for_each_other(order, |queues, stream| {
+            out.extend(queues.unrecorded_done(stream)?);
+            Ok(())
+        })
+    }
+
+    /// Makes `target` wait for the work queued with no event on the streams `order` names, but
+    /// its own.
+    ///
+    /// # Safety
+    ///
+    /// `target.handle` is live for this call.
+    pub(super) unsafe fn wait_for_order(&mut self, order: &Order, target: &Target<B>) -> Result<()> {
+        let own = target.as_reuse();
+        let Some(reuse) = order.reuse else { return Ok(()) };
+        if reuse != own {
+            // SAFETY: the caller keeps the handle live.
+            unsafe { self.wait_for_unrecorded(reuse, target) }?;
+        }
+        self.for_each_other(order, |queues, stream| {
+            if stream == own {
+                return Ok(());
+            }
+            // SAFETY: as above.
+            unsafe { queues.wait_for_unrecorded(stream, target) }
+        })
     }
 
     /// Makes `target` wait for the work queued with no event on `stream` so far, unless it did
@@ -132,6 +207,32 @@ pub(crate) fn wait_unrecorded<B: StreamRuntime>(device: DeviceId) -> Result<()> 
         event.synchronize()?;
     }
     Ok(())
+}
+
+/// The events that complete once the work queued with no event on the streams of `device` that
+/// `others` names has run (recorded now where work came since the last one): what a chunk those
+/// streams used goes back behind when its own stream cannot wait for them. Never called from a
+/// host function.
+///
+/// # Errors
+///
+/// The runtime's error recording an event.
+pub(crate) fn others_done<B: StreamRuntime>(
+    device: DeviceId,
+    owner: ArenaKey,
+    others: OtherStreams,
+) -> Result<Vec<Event<B>>> {
+    let mut entries = counted(B::stream_globals().inflight.entries.lock());
+    let mut events = Vec::new();
+    // The owner's own work needs no waiting for: the pool orders the chunk's reuse on it.
+    let order = Order { reuse: Some((device, owner)), others };
+    entries.for_each_other(&order, |queues, stream| {
+        if stream != (device, owner) {
+            events.extend(queues.unrecorded_done(stream)?);
+        }
+        Ok(())
+    })?;
+    Ok(events)
 }
 
 /// Forgets the work queued with no event on stream `stream`, which is about to be destroyed (or
