@@ -30,9 +30,9 @@ pub struct PooledMemory<R: RawAllocator> {
     /// record. Else 0, which the free path tests, so that a plain chunk pays one comparison for
     /// this.
     tag: u64,
-    /// The other streams whose work used the chunk with no event, for its free to be ordered
-    /// after (see [`PooledMemory::note_other_stream`]): 0 for none, [`MANY`] for more than one,
-    /// else the one's arena key plus one.
+    /// The other streams whose work used the chunk with no event, for its free to wait for (see
+    /// [`PooledMemory::note_other_stream`]): 0 for none, [`MANY`] for more than one, else the
+    /// one's arena key plus one.
     others: AtomicU64,
 }
 
@@ -40,14 +40,14 @@ pub struct PooledMemory<R: RawAllocator> {
 const MANY: u64 = u64::MAX;
 
 /// The other streams whose work used a chunk with no event
-/// ([`PooledMemory::note_other_stream`]): its free orders the chunk's own stream after them.
+/// ([`PooledMemory::note_other_stream`]): the chunk's free goes behind a fence on their work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum OtherStreams {
     /// None: the chunk's own stream's order covers its reuse.
     None,
     /// One stream, by its arena key.
     One(ArenaKey),
-    /// More than one: the free waits for every stream noted with such work on the device.
+    /// More than one: the fence is on every stream of the device that has such work.
     Many,
 }
 
