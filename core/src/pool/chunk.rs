@@ -29,15 +29,21 @@ pub struct PooledMemory<R: RawAllocator> {
     /// while the planner records its iteration: `planner::RECORDED` and the chunk's number in the
     /// record. Else 0, which the free path tests, so that a plain chunk pays one comparison for
     /// this.
-    tag: u64,
-    /// The other streams whose work used the chunk with no event, for its free to wait for (see
-    /// [`PooledMemory::note_other_stream`]): 0 for none, [`MANY`] for more than one, else the
-    /// one's arena key plus one.
-    others: AtomicU64,
+    ///
+    /// For a chunk other streams used with no event ([`PooledMemory::note_other_stream`]):
+    /// [`OTHERS`] with the one stream's arena key plus one, or with [`MANY`] for more than one.
+    /// Noted through a shared reference, hence atomic; the free path reads it through `&mut`
+    /// with no atomic operation, and a plain chunk still pays one comparison.
+    tag: AtomicU64,
 }
 
-/// [`PooledMemory`]'s `others` for more than one stream.
-const MANY: u64 = u64::MAX;
+/// The mark of a tag that names the other streams that used a chunk (see `tag`): above every
+/// arena key of a stream that can be noted or borrow (owned streams, the null and legacy streams:
+/// their keys are addresses or small numbers), and read only without [`RECORDED`] (a recorded
+/// chunk's tag uses this bit for its own mark, and such a chunk is never noted).
+const OTHERS: u64 = 1 << 61;
+/// With [`OTHERS`], more than one other stream.
+const MANY: u64 = OTHERS - 1;
 
 /// The other streams whose work used a chunk with no event
 /// ([`PooledMemory::note_other_stream`]): the chunk's free goes behind a fence on their work.
@@ -61,20 +67,20 @@ impl<R: RawAllocator> PooledMemory<R> {
             device: arena.get().shared.device,
             ptr: lent.ptr,
             size,
-            tag: 0,
-            others: AtomicU64::new(0),
+            tag: AtomicU64::new(0),
         }
     }
 
     /// Marks the chunk as lent to arena `borrower`'s stream, another than its arena's.
     pub(super) fn mark_borrowed(&mut self, borrower: ArenaKey) {
-        self.tag = borrower.raw().wrapping_add(1);
+        *self.tag.get_mut() = borrower.raw().wrapping_add(1);
     }
 
     /// For a chunk (the caller has its arena): the arena key of the stream it was lent to, when
     /// that is not its arena's stream.
     fn borrower(&self) -> Option<ArenaKey> {
-        (self.tag != 0 && self.tag & RECORDED == 0).then(|| ArenaKey::from_raw(self.tag.wrapping_sub(1)))
+        let tag = self.tag.load(Ordering::Relaxed);
+        (tag != 0 && tag & (RECORDED | OTHERS) == 0).then(|| ArenaKey::from_raw(tag.wrapping_sub(1)))
     }
 
     /// The arena key of the stream whose order makes reusing this chunk safe without waiting:
@@ -99,28 +105,39 @@ impl<R: RawAllocator> PooledMemory<R> {
     /// on that work from the pool's [`StreamOrder`](super::StreamOrder)
     /// ([`order_after_uses`](super::StreamOrder::order_after_uses)), so it is lent again only
     /// once that work has run. `false` for a chunk with no [`reuse_stream`](Self::reuse_stream), whose
-    /// users keep it alive instead. The chunk's own stream needs no note.
+    /// users keep it alive instead, and for a chunk the planner recorded (its free tells the
+    /// planner first; such work keeps it alive as before). The chunk's own stream needs no note.
     pub fn note_other_stream(&self, stream: ArenaKey) -> bool {
         let Some(own) = self.reuse_stream() else { return false };
         let stream = stream.stream_key();
         if stream == own {
             return true;
         }
-        let one = stream.raw().wrapping_add(1);
-        let _ = self.others.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| match now {
-            0 if one != 0 => Some(one),
-            now if now == one || now == MANY => None,
-            _ => Some(MANY),
-        });
-        true
+        // A key too large for the mark's bits is noted as "more than one": waited for with the
+        // rest of the device's streams.
+        let one = match stream.raw().checked_add(1) {
+            Some(one) if one < MANY => OTHERS | one,
+            _ => OTHERS | MANY,
+        };
+        let noted = |tag: u64| tag & OTHERS != 0 && tag & RECORDED == 0;
+        self.tag
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| match now {
+                0 => Some(one),
+                now if now == one || now == OTHERS | MANY => None,
+                now if noted(now) => Some(OTHERS | MANY),
+                // Recorded by the planner: not noted.
+                _ => None,
+            })
+            .map_or_else(noted, |_| true)
     }
 
     /// The other streams noted by [`PooledMemory::note_other_stream`].
     #[must_use]
     #[inline]
     pub fn other_streams(&self) -> OtherStreams {
-        match self.others.load(Ordering::Relaxed) {
-            0 => OtherStreams::None,
+        let tag = self.tag.load(Ordering::Relaxed);
+        match tag & !OTHERS {
+            _ if tag & OTHERS == 0 || tag & RECORDED != 0 => OtherStreams::None,
             MANY => OtherStreams::Many,
             one => OtherStreams::One(ArenaKey::from_raw(one - 1)),
         }
@@ -131,8 +148,9 @@ impl<R: RawAllocator> PooledMemory<R> {
     /// allocation to the pool).
     pub(super) fn mark_recorded(&mut self, tag: u64) {
         debug_assert!(tag & RECORDED != 0);
-        if self.tag == 0 {
-            self.tag = tag;
+        let now = self.tag.get_mut();
+        if *now == 0 {
+            *now = tag;
         }
     }
 
@@ -144,8 +162,7 @@ impl<R: RawAllocator> PooledMemory<R> {
             device,
             ptr: 0,
             size: 0,
-            tag: NEXT.fetch_add(1, Ordering::Relaxed),
-            others: AtomicU64::new(0),
+            tag: AtomicU64::new(NEXT.fetch_add(1, Ordering::Relaxed)),
         }
     }
 
@@ -161,7 +178,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn pmem_id(&self) -> u64 {
         match &self.arena {
             Some(arena) => pmem_id_of(arena.get(), self.slot),
-            None => self.tag,
+            None => self.tag.load(Ordering::Relaxed),
         }
     }
 
@@ -198,9 +215,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn free(mut self) -> Result<()> {
         match self.arena.take() {
             None => Ok(()),
-            Some(arena) if self.tag != 0 || *self.others.get_mut() != 0 => {
-                Ok(self.return_borrowed(arena, None)?)
-            }
+            Some(arena) if *self.tag.get_mut() != 0 => Ok(self.return_borrowed(arena, None)?),
             Some(arena) if !hooks::active() => {
                 give_back(arena, self.slot);
                 Ok(())
@@ -218,9 +233,7 @@ impl<R: RawAllocator> PooledMemory<R> {
     pub fn free_after(mut self, fence: Box<dyn Fence>) -> Result<()> {
         match self.arena.take() {
             None => Ok(()),
-            Some(arena) if self.tag != 0 || *self.others.get_mut() != 0 => {
-                Ok(self.return_borrowed(arena, Some(fence))?)
-            }
+            Some(arena) if *self.tag.get_mut() != 0 => Ok(self.return_borrowed(arena, Some(fence))?),
             Some(arena) if !hooks::active() => {
                 release_fenced(arena, self.slot, fence);
                 Ok(())
@@ -244,8 +257,9 @@ impl<R: RawAllocator> PooledMemory<R> {
         arena: ArenaRef<Arena<R>>,
         fence: Option<Box<dyn Fence>>,
     ) -> Result<(), Failed> {
-        if self.tag & RECORDED != 0 {
-            arena.get().shared.planner.on_free(self.tag, self.size);
+        let tag = self.tag.load(Ordering::Relaxed);
+        if tag & RECORDED != 0 {
+            arena.get().shared.planner.on_free(tag, self.size);
         }
         let order = arena.get().shared.stream_order.get();
         let own = match (self.borrower(), order) {
@@ -449,7 +463,7 @@ impl<R: RawAllocator> Drop for PooledMemory<R> {
     #[inline]
     fn drop(&mut self) {
         if let Some(arena) = self.arena.take() {
-            if self.tag != 0 || *self.others.get_mut() != 0 {
+            if *self.tag.get_mut() != 0 {
                 if let Err(e) = self.return_borrowed(arena, None) {
                     hooks::record_drop_error(e.into());
                 }

@@ -885,6 +885,29 @@ fn held_stream() -> (Stream<Host>, Arc<std::sync::Barrier>) {
 }
 
 #[test]
+fn a_chunk_notes_one_other_stream_then_more_than_one_and_keeps_its_own_streams_order() {
+    let pool = SingleDeviceMemoryPool::<Host>::new(0).unwrap();
+    let p = pool.malloc(512).unwrap();
+    let mem = p.mem();
+    let own = mem.reuse_stream().expect("a chunk of the pool on the runtime's allocator");
+    assert_eq!(mem.other_streams(), crate::pool::OtherStreams::None);
+    let (a, b) = (ArenaKey::stream(0x1000), ArenaKey::stream(0x2000));
+    assert!(mem.note_other_stream(own), "its own stream needs no note");
+    assert_eq!(mem.other_streams(), crate::pool::OtherStreams::None);
+    assert!(mem.note_other_stream(a));
+    assert!(mem.note_other_stream(a));
+    assert_eq!(mem.other_streams(), crate::pool::OtherStreams::One(a));
+    assert_eq!(mem.reuse_stream(), Some(own), "a noted chunk is not taken for a borrowed one");
+    assert!(mem.note_other_stream(b));
+    assert_eq!(mem.other_streams(), crate::pool::OtherStreams::Many);
+    assert!(mem.note_other_stream(a));
+    assert_eq!(mem.other_streams(), crate::pool::OtherStreams::Many);
+    drop(p);
+    // Nothing was queued on those streams: the fence is complete at once and the chunk is back.
+    assert_eq!(pool.used_bytes(), 0);
+}
+
+#[test]
 fn a_chunk_another_stream_used_is_lent_again_only_once_that_work_has_run() {
     // The memset on `s` keeps nothing alive: the chunk (of the current stream's arena) notes `s`,
     // and its free goes behind a fence on `s`'s work.
