@@ -31,7 +31,7 @@ use crate::runtime::state::{current_device, record_drop_error, StateRuntime};
 /// only after the device's queued work). One that returns `true` from
 /// [`note_other_stream`](Self::note_other_stream) promises the same for the work queued so far
 /// on the stream it noted: when dropped, its memory is lent again only behind that work (a pool's
-/// chunk orders its own stream after it, see [`PooledMemory::note_other_stream`]).
+/// chunk goes back behind a fence on it, see [`PooledMemory::note_other_stream`]).
 pub unsafe trait BaseMemory<B: StateRuntime>: Send + Sync + fmt::Debug + 'static {
     /// The start address.
     fn ptr(&self) -> DevicePtr;

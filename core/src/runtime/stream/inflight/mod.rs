@@ -518,7 +518,7 @@ impl<B: StreamRuntime> Queueing<'_, B> {
     ///   freed only after the device's work;
     /// - memory of another stream is told of this one (`note`, given the stream's arena key, which
     ///   notes it on every such piece of memory and returns `false` when one cannot be), and its
-    ///   free then orders its own stream after this one's work (see
+    ///   free then goes behind a fence on this one's work (see
     ///   [`PooledMemory::note_other_stream`](crate::pool::PooledMemory::note_other_stream)).
     ///
     /// Either way the stream is only noted, for the operations of other streams and the
