@@ -219,7 +219,7 @@ impl<R: RawAllocator> Pool<R> {
     pub(super) fn fuse_for(&self, mem_size: usize, key: ArenaKey, cache: &ArenaCache) -> Result<usize> {
         let mut released = Vec::new();
         let mut fused = 0;
-        if policy::class(mem_size, true) == 1 {
+        if mem_size > policy::SMALL_REQUEST {
             let arena = self.arena(key, cache);
             let mut st = arena.state.lock();
             if !st.retired {

@@ -733,11 +733,16 @@ impl<R: RawAllocator> Pool<R> {
         // Small and large requests apart keep a small tensor from pinning a large block that
         // could be released; a growing block releases only its free tail, which any live chunk
         // before it pins, so with expandable segments all sizes share one growing block. With
-        // stitching they are apart again: a small chunk in a large request's page keeps that
-        // page from moving (`policy`'s docs give what each measured).
+        // stitching the smallest are apart again: a small chunk in a large request's page keeps
+        // that page from moving (`policy`'s docs give what each measured).
         if st.holds_no_block() {
-            let stitching = self.shared.allocator.stitches();
-            st.segmented = policy == GrowthPolicy::Segments && (!expandable || stitching);
+            st.small_up_to = match (policy, expandable) {
+                (GrowthPolicy::Segments, false) => policy::SMALL_REQUEST,
+                (GrowthPolicy::Segments, true) if self.shared.allocator.stitches() => {
+                    policy::STITCH_SMALL_REQUEST
+                }
+                _ => policy::ONE_CLASS,
+            };
         }
         // `HoldPeakInUse` does not grow blocks in place.
         st.set_keep_tail_last(expandable && policy != GrowthPolicy::HoldPeakInUse);

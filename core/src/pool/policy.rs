@@ -20,17 +20,32 @@
 //! more on BERT's (1.0110 against 1.0099), with fewer raw allocations on all three (171 against
 //! 173, 48 against 111, 154 against 157).
 //!
-//! With stitching the classes are kept apart again, each in its own growing block: a page moves
-//! only when no live chunk lies in it, and a small chunk left in a large request's page keeps that
-//! page (2 MiB) from moving. Replayed on the random trace on one stream, seeds 1 to 50, the median
-//! held over in use fell from 1.0504 to 1.0423 (the worst seed from 1.079 to 1.066), for 6 % more
-//! driver calls (3,652 against 3,445 per trace); on the recorded loops GPT-2 held 1.0016 against
-//! 1.0011, BERT 1.0031 against 1.0036, ViT-B/16 1.0071 against 1.0078.
+//! With stitching the requests of at most [`STITCH_SMALL_REQUEST`] (256 KiB) are kept apart
+//! again, in a growing block of their own: a page moves only when no live chunk lies in it, and a
+//! small chunk left in a large request's page keeps that page (2 MiB) from moving. The bound is
+//! lower than PyTorch's 1 MiB because the requests between the two are many in generation (a
+//! growing KV cache), and apart from the large ones they held pages of their own that the large
+//! requests could not take. Replayed through the pool (`gpumem-trace recommend`, `Segments` with
+//! stitching; held over in use, raw allocations), one growing block for all / apart at 256 KiB /
+//! apart at 1 MiB:
+//!
+//! | trace | one block | apart at 256 KiB | apart at 1 MiB |
+//! | --- | --- | --- | --- |
+//! | GPT-2 `generate()`, varied lengths (recorded through the C ABI) | 1.020, 68 | 1.030, 76 | 1.074, 102 |
+//! | ResNet-50 training, 6 steps (recorded through the C ABI) | 1.008, 281 | 1.005, 275 | 1.009, 444 |
+//! | random trace, one stream, median of seeds 1 to 50 | 1.0504, 155 | 1.0398, 197 | 1.0423, 303 |
+//! | GPT-2 training | 1.0011, 255 | 1.0018, 256 | 1.0016, 256 |
+//! | BERT fine-tuning | 1.0036, 307 | 1.0041, 306 | 1.0031, 305 |
+//! | ViT-B/16 training | 1.0078, 214 | 1.0100, 216 | 1.0071, 225 |
 
 use super::UNIT;
 
 /// Requests of at most this many bytes are small: they come from small blocks only.
 pub(crate) const SMALL_REQUEST: usize = 1 << 20;
+/// With stitching, requests of at most this many bytes come from a growing block of their own.
+pub(crate) const STITCH_SMALL_REQUEST: usize = 256 << 10;
+/// The `small_up_to` of an arena whose requests all share its blocks.
+pub(crate) const ONE_CLASS: usize = usize::MAX;
 /// The raw block a small miss asks for.
 pub(crate) const SMALL_BLOCK: usize = 2 << 20;
 /// Requests above [`SMALL_REQUEST`] and below this come from blocks of [`MID_BLOCK`] bytes.
@@ -40,11 +55,11 @@ pub(crate) const MID_BLOCK: usize = 20 << 20;
 /// Larger requests ask for a block rounded up to this.
 pub(crate) const LARGE_ROUND: usize = 2 << 20;
 
-/// The free list (0: small, 1: large) of a request or chunk of `size` bytes, when the arena keeps
-/// two (`segmented`); else 0.
+/// The free list (0: small, 1: large) of a request or chunk of `size` bytes in an arena whose
+/// small requests are those of at most `small_up_to` bytes ([`ONE_CLASS`]: all are, one list).
 #[inline(always)]
-pub(crate) fn class(size: usize, segmented: bool) -> usize {
-    usize::from(segmented & (size > SMALL_REQUEST))
+pub(crate) fn class(size: usize, small_up_to: usize) -> usize {
+    usize::from(size > small_up_to)
 }
 
 /// The raw block a miss of `size` bytes (rounded to the unit) asks for, given `fused` bytes of
@@ -145,8 +160,8 @@ mod tests {
 
     #[test]
     fn only_segmented_arenas_have_two_classes() {
-        assert_eq!(class(SMALL_REQUEST, true), 0);
-        assert_eq!(class(SMALL_REQUEST + UNIT, true), 1);
-        assert_eq!(class(usize::MAX, false), 0);
+        assert_eq!(class(SMALL_REQUEST, SMALL_REQUEST), 0);
+        assert_eq!(class(SMALL_REQUEST + UNIT, SMALL_REQUEST), 1);
+        assert_eq!(class(usize::MAX, ONE_CLASS), 0);
     }
 }

@@ -27,7 +27,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// The free bytes at the end of the growable block of a request of `size` bytes (the newest
     /// block of its free index), and what that block maps; `None` when there is no such block.
     pub(crate) fn growable_tail(&self, size: usize) -> Option<GrowableTail> {
-        let class = policy::class(size, self.segmented);
+        let class = policy::class(size, self.small_up_to);
         let block = self.growable[class]?;
         let last = self.last_chunk(block)?;
         let c = &self.chunks[last as usize];
@@ -46,7 +46,7 @@ impl<K: RawBlock> ArenaState<K> {
         extra: usize,
         grow: impl FnOnce(&mut K) -> crate::error::Result<bool>,
     ) -> crate::error::Result<bool> {
-        let Some(block) = self.growable[policy::class(size, self.segmented)] else { return Ok(false) };
+        let Some(block) = self.growable[policy::class(size, self.small_up_to)] else { return Ok(false) };
         let Some(last) = self.last_chunk(block) else { return Ok(false) };
         let Some(mem) = self.blocks[block as usize].as_mut() else { return Ok(false) };
         let (address, before, device) = (mem.address(), mem.size(), mem.device());

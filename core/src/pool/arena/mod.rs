@@ -65,10 +65,10 @@ pub(crate) struct ArenaState<K> {
     vacant: Vec<u32>,
     blocks: Vec<Option<K>>,
     vacant_blocks: Vec<u32>,
-    /// The free chunks: one index, or with `segmented` one for the blocks of small requests and
-    /// one for the rest.
+    /// The free chunks: one index, or with small requests apart (`small_up_to`) one for the
+    /// blocks of small requests and one for the rest.
     index: FreeIndex,
-    /// With `segmented`, the blocks of large requests (boxed: the hot path touches `index` only,
+    /// With small requests apart, the blocks of large requests (boxed: the hot path touches `index` only,
     /// and the arena's hot fields stay as close together as without it).
     large: Box<FreeIndex>,
     /// The free chunks of the plan's block (free index [`PLANNED`]): no request's class names
@@ -84,11 +84,13 @@ pub(crate) struct ArenaState<K> {
     /// Lend a free chunk only if it exceeds the request by at most an eighth (`HoldPeakInUse`):
     /// large free chunks are not cut up for small requests.
     pub(crate) bounded_split: bool,
-    /// Small and large requests are served from separate blocks (`GrowthPolicy::Segments`).
-    pub(crate) segmented: bool,
+    /// Requests of at most this many bytes are small, served from blocks apart from the others'
+    /// (`GrowthPolicy::Segments`); [`policy::ONE_CLASS`]: all requests share the blocks.
+    pub(crate) small_up_to: usize,
     /// The block that grows on a miss, with an expandable raw allocator: the newest one of each
-    /// free index (the pool turns `segmented` off for new arenas with expandable segments; an
-    /// arena made segmented before they were turned on grows a block per index).
+    /// free index (the pool keeps small requests apart with expandable segments only when it
+    /// stitches; an arena that kept them apart before expandable segments were turned on grows a
+    /// block per index).
     /// (Entry [`PLANNED`] stays `None`: the plan's block never grows.)
     growable: [Option<u32>; 3],
     /// With `keep_tail_last`, the free chunk at the end of each growable block, kept out of the
@@ -154,7 +156,7 @@ impl<K: RawBlock> ArenaState<K> {
             retired: false,
             orphaned: false,
             bounded_split: false,
-            segmented: false,
+            small_up_to: policy::ONE_CLASS,
             growable: [None; 3],
             tail: [NIL; 3],
             keep_tail_last: false,
@@ -251,7 +253,7 @@ impl<K: RawBlock> ArenaState<K> {
     #[inline(always)]
     pub(crate) fn take(&mut self, size: usize, requested: usize) -> Option<Lent> {
         let max = self.split_bound(size);
-        let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
+        let (slot, found) = self.index_of(policy::class(size, self.small_up_to)).take_best(size, max)?;
         Some(self.lend_slot(slot, found, size, requested))
     }
 
@@ -292,7 +294,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// it would cut the next large request off from the memory mapped after it.
     #[cold]
     fn take_from_tail(&mut self, size: usize) -> Option<(u32, usize)> {
-        let class = policy::class(size, self.segmented);
+        let class = policy::class(size, self.small_up_to);
         let slot = self.tail[class];
         if slot == NIL || self.chunks[slot as usize].size < size {
             return None;
@@ -314,7 +316,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// The size of the free chunk [`ArenaState::take_with_tail`] would lend for `size` bytes,
     /// without lending it: how another arena's miss compares the arenas it could borrow from.
     pub(crate) fn best_fit_with_tail(&mut self, size: usize) -> Option<usize> {
-        let class = policy::class(size, self.segmented);
+        let class = policy::class(size, self.small_up_to);
         let max = self.split_bound(size);
         if let Some(found) = self.index_of(class).best_size(size).filter(|&f| f <= max) {
             return Some(found);
@@ -386,7 +388,7 @@ impl<K: RawBlock> ArenaState<K> {
         debug_assert!(whole >= size && whole.is_multiple_of(super::UNIT));
         let block = self.store_block(mem);
         // A block larger than the request (a policy's rounding) is cut as a cache hit would cut it.
-        let class = policy::class(size, self.segmented) as u8;
+        let class = policy::class(size, self.small_up_to) as u8;
         let slot = self.new_slot(Chunk {
             ptr,
             size: whole,
@@ -610,7 +612,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// `size` bytes could be cut from (of its free index, within the policy's split bound), as
     /// `(slot, size)`: what another arena of the same stream may take over on a miss.
     pub(crate) fn whole_block_for(&self, size: usize) -> Option<(u32, usize)> {
-        let (class, max) = (policy::class(size, self.segmented) as u8, self.split_bound(size));
+        let (class, max) = (policy::class(size, self.small_up_to) as u8, self.split_bound(size));
         (0..self.chunks.len() as u32)
             .filter_map(|slot| {
                 let c = &self.chunks[slot as usize];

@@ -141,7 +141,7 @@ impl<K: RawBlock> ArenaState<K> {
     /// is `size`, or with expandable segments `size` in whole granules), so that an allocation
     /// that outlives the loop pins no block it shares with the loop's transient ones.
     pub(crate) fn take_within(&mut self, size: usize, max: usize, requested: usize) -> Option<Lent> {
-        let (slot, found) = self.index_of(policy::class(size, self.segmented)).take_best(size, max)?;
+        let (slot, found) = self.index_of(policy::class(size, self.small_up_to)).take_best(size, max)?;
         Some(self.lend_slot(slot, found, size, requested))
     }
 
@@ -156,7 +156,7 @@ impl<K: RawBlock> ArenaState<K> {
             self.unmark_free(plan.head);
             return Some(self.release(plan.head));
         }
-        let class = policy::class(plan.size, self.segmented) as u8;
+        let class = policy::class(plan.size, self.small_up_to) as u8;
         let mut at = plan.head;
         while at != NIL {
             let c = self.chunks[at as usize];

@@ -190,7 +190,7 @@ impl<K: RawBlock> ArenaState<K> {
         if self.lifted_chunks == 0 {
             return None;
         }
-        let class = policy::class(size, self.segmented) as u8;
+        let class = policy::class(size, self.small_up_to) as u8;
         let mut best: Option<Window> = None;
         for head in 0..self.chunks.len() as u32 {
             let c = &self.chunks[head as usize];

@@ -145,7 +145,7 @@ fn a_stitching_block_grows_by_what_its_tail_lacks_where_expandable_segments_take
 
 #[test]
 fn with_segments_a_stitching_pool_keeps_small_requests_off_the_pages_of_large_ones() {
-    // Four long-lived 512 KiB requests between four 10 MiB ones that are freed. In one block the
+    // Four long-lived 256 KiB requests between four 10 MiB ones that are freed. In one block the
     // small chunks would sit between the large ones, and a 24 MiB request would fit none of the
     // four 10 MiB holes: pages would move. Kept apart, the small requests share one small block
     // and the large ones' 40 MiB is one free run that takes the request whole.
@@ -157,10 +157,10 @@ fn with_segments_a_stitching_pool_keeps_small_requests_off_the_pages_of_large_on
     let mut small = Vec::new();
     let mut large = Vec::new();
     for _ in 0..4 {
-        small.push(pool.malloc(MIB / 2, ArenaKey::NULL, &cache).unwrap());
+        small.push(pool.malloc(MIB / 4, ArenaKey::NULL, &cache).unwrap());
         large.push(pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap());
     }
-    let (small_start, small_end) = (small[0].ptr(), small[3].ptr() + MIB / 2);
+    let (small_start, small_end) = (small[0].ptr(), small[3].ptr() + MIB / 4);
     assert!(large.iter().all(|l| l.ptr() + 10 * MIB <= small_start || l.ptr() >= small_end));
     assert_eq!(held(&allocator), 42 * MIB, "a small block of one page, a large one of twenty");
     drop(large);
@@ -174,6 +174,27 @@ fn with_segments_a_stitching_pool_keeps_small_requests_off_the_pages_of_large_on
     drop((big, small));
     pool.free_all_blocks(None);
     assert_eq!(held(&allocator), 0, "every byte comes back");
+}
+
+#[test]
+fn with_segments_a_stitching_pool_serves_requests_over_256_kib_from_the_large_requests_block() {
+    // A 512 KiB request is not small for a stitching pool: it is cut from the large requests'
+    // growing block, right after a 10 MiB chunk, where a pool of fixed blocks under the same
+    // policy keeps it in a small block apart.
+    for (stitch, shares) in [(true, true), (false, false)] {
+        let allocator =
+            if stitch { CountingAllocator::stitching(2 * MIB) } else { CountingAllocator::default() };
+        let pool = Pool::new(0, allocator.clone());
+        pool.set_growth_policy(GrowthPolicy::Segments);
+        pool.set_expandable_segments(stitch).unwrap();
+        let cache = ArenaCache::new();
+        let large = pool.malloc(10 * MIB, ArenaKey::NULL, &cache).unwrap();
+        let mid = pool.malloc(MIB / 2, ArenaKey::NULL, &cache).unwrap();
+        assert_eq!(mid.ptr() == large.ptr() + 10 * MIB, shares, "stitching: {stitch}");
+        drop((large, mid));
+        pool.free_all_blocks(None);
+        assert_eq!(held(&allocator), 0, "every byte comes back");
+    }
 }
 
 #[test]
