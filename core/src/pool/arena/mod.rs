@@ -68,8 +68,8 @@ pub(crate) struct ArenaState<K> {
     /// The free chunks: one index, or with small requests apart (`small_up_to`) one for the
     /// blocks of small requests and one for the rest.
     index: FreeIndex,
-    /// With small requests apart, the blocks of large requests (boxed: the hot path touches `index` only,
-    /// and the arena's hot fields stay as close together as without it).
+    /// With small requests apart, the blocks of large requests (boxed: the hot path touches
+    /// `index` only, and the arena's hot fields stay as close together as without it).
     large: Box<FreeIndex>,
     /// The free chunks of the plan's block (free index [`PLANNED`]): no request's class names
     /// it, so only [`ArenaState::lend_planned`] lends them.
