@@ -45,6 +45,11 @@ const OTHERS: u64 = 1 << 61;
 /// With [`OTHERS`], more than one other stream.
 const MANY: u64 = OTHERS - 1;
 
+/// Whether `tag` names other streams (see `tag`).
+const fn names_others(tag: u64) -> bool {
+    tag & OTHERS != 0 && tag & RECORDED == 0
+}
+
 /// The other streams whose work used a chunk with no event
 /// ([`PooledMemory::note_other_stream`]): the chunk's free goes behind a fence on their work.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -119,16 +124,15 @@ impl<R: RawAllocator> PooledMemory<R> {
             Some(one) if one < MANY => OTHERS | one,
             _ => OTHERS | MANY,
         };
-        let noted = |tag: u64| tag & OTHERS != 0 && tag & RECORDED == 0;
         self.tag
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |now| match now {
                 0 => Some(one),
                 now if now == one || now == OTHERS | MANY => None,
-                now if noted(now) => Some(OTHERS | MANY),
+                now if names_others(now) => Some(OTHERS | MANY),
                 // Recorded by the planner: not noted.
                 _ => None,
             })
-            .map_or_else(noted, |_| true)
+            .map_or_else(names_others, |_| true)
     }
 
     /// The other streams noted by [`PooledMemory::note_other_stream`].
@@ -136,8 +140,10 @@ impl<R: RawAllocator> PooledMemory<R> {
     #[inline]
     pub fn other_streams(&self) -> OtherStreams {
         let tag = self.tag.load(Ordering::Relaxed);
+        if !names_others(tag) {
+            return OtherStreams::None;
+        }
         match tag & !OTHERS {
-            _ if tag & OTHERS == 0 || tag & RECORDED != 0 => OtherStreams::None,
             MANY => OtherStreams::Many,
             one => OtherStreams::One(ArenaKey::from_raw(one - 1)),
         }
